@@ -1,0 +1,296 @@
+"""Clusters: hosts of GPUs on a network graph of switches and links with fixed routes.
+
+A cluster file (YAML) lists hosts and the network joining them. Each physical link is
+full duplex: it becomes two directed *channels* whose loads are counted apart (a ring
+all-reduce sends one way round), and both directions take the same bandwidth draw.
+Routes between hosts are shortest paths by latency, computed once when the cluster is
+built, so estimating a plan never touches the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from hetpar.cluster.bandwidth import BandwidthModel, parse_bandwidth_model
+from hetpar.cluster.gpu import SCALEUP_KINDS, GpuCatalog, GpuType, load_gpu_catalog
+from hetpar.configio import Reader, load_document, resolve_config
+from hetpar.errors import ConfigError
+
+__all__ = ["Host", "Link", "Cluster", "load_cluster", "parse_cluster"]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One server: ``num_gpus`` GPUs of one type, its scale-up fabric and its NIC."""
+
+    name: str
+    gpu: GpuType
+    num_gpus: int
+    intra_kind: str
+    intra_GBps: float  # per GPU, per direction
+    intra_latency_s: float
+    nic_gbps: float
+    switch: str
+
+
+@dataclass(frozen=True)
+class Link:
+    """A full-duplex network link between two nodes (hosts or switches)."""
+
+    a: str
+    b: str
+    capacity_gbps: float
+    latency_s: float
+    bandwidth: BandwidthModel
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """Hosts and network with precomputed routes.
+
+    ``routes[i][j]`` holds the directed channel indices on the path from host ``i`` to
+    host ``j`` (channel ``2*l`` is link ``l`` from ``a`` to ``b``, ``2*l+1`` the reverse);
+    ``route_latency_s[i, j]`` is that path's latency.
+    """
+
+    name: str
+    hosts: tuple[Host, ...]
+    switches: tuple[str, ...]
+    links: tuple[Link, ...]
+    source: str = ""
+    description: str = ""
+    routes: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), repr=False)
+    route_latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+    host_index: Mapping[str, int] = field(default_factory=dict, repr=False)
+    graph: nx.Graph = field(default_factory=nx.Graph, repr=False)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(h.num_gpus for h in self.hosts)
+
+    @property
+    def num_channels(self) -> int:
+        return 2 * len(self.links)
+
+    @property
+    def gpu_types(self) -> tuple[GpuType, ...]:
+        seen: dict[str, GpuType] = {}
+        for h in self.hosts:
+            seen.setdefault(h.gpu.name, h.gpu)
+        return tuple(seen.values())
+
+    def host(self, name: str) -> Host:
+        return self.hosts[self.host_index[name]]
+
+    def sample_link_bandwidth(self, rng: np.random.Generator, k: int) -> np.ndarray:
+        """``k`` bandwidth states: a (k, links) array in Gb/s."""
+        out = np.empty((k, len(self.links)))
+        for i, link in enumerate(self.links):
+            out[:, i] = link.bandwidth.sample(rng, k)
+        return out
+
+    def mean_link_bandwidth(self) -> np.ndarray:
+        """Expected bandwidth of each link in Gb/s (one row: the 'typical' state)."""
+        return np.array([[link.bandwidth.mean() for link in self.links]])
+
+    def channel_bytes_per_s(self, link_gbps: np.ndarray) -> np.ndarray:
+        """(k, links) Gb/s -> (k, channels) bytes/s; both directions share a draw."""
+        return np.repeat(link_gbps, 2, axis=1) * (1e9 / 8)
+
+    def summary(self) -> str:
+        kinds: dict[str, int] = {}
+        for h in self.hosts:
+            kinds[h.gpu.name] = kinds.get(h.gpu.name, 0) + h.num_gpus
+        mix = ", ".join(f"{n}x {k}" for k, n in kinds.items())
+        return f"{self.name}: {len(self.hosts)} hosts, {self.num_gpus} GPUs ({mix})"
+
+
+_HOST_KEYS = frozenset({"name", "count", "gpu", "gpus", "intra", "nic_gbps", "switch", "uplink"})
+_LINK_KEYS = frozenset({"a", "b", "capacity_gbps", "latency_us", "bandwidth"})
+_TOP_KEYS = frozenset({"name", "description", "gpu_catalogs", "hosts", "switches", "links",
+                       "topology"})
+
+# Default per-GPU latency of one scale-up hop: NVLink/xGMI vs a PCIe round trip.
+_INTRA_LATENCY_US = {"nvswitch": 3.0, "nvlink": 3.0, "xgmi": 3.0, "pcie": 8.0}
+
+
+def _parse_link(r: Reader, base_dir: Path) -> Link:
+    r.check_keys(_LINK_KEYS)
+    capacity = r.number("capacity_gbps", positive=True)
+    latency = r.number("latency_us", 1.0, nonnegative=True) * 1e-6
+    model = parse_bandwidth_model(r.sub("bandwidth", {}), capacity, base_dir)
+    return Link(r.str("a"), r.str("b"), capacity, latency, model)
+
+
+def _expand_hosts(root: Reader, catalog: GpuCatalog, base_dir: Path) -> tuple[list[Host], list[Link]]:
+    hosts: list[Host] = []
+    uplinks: list[Link] = []
+    for r in root.sub_list("hosts"):
+        r.check_keys(_HOST_KEYS)
+        count = r.int("count", 1, minimum=1)
+        base = r.str("name")
+        gpu = catalog.get(r.str("gpu"), source=r.source, where=r.field("gpu"))
+        gpus = r.int("gpus", minimum=1)
+        intra = r.sub("intra", {})
+        intra.check_keys(frozenset({"kind", "GBps", "latency_us"}))
+        kind = intra.choice("kind", SCALEUP_KINDS, gpu.scaleup_kind)
+        intra_bw = intra.number("GBps", gpu.scaleup_GBps, positive=True)
+        intra_lat = intra.number("latency_us", _INTRA_LATENCY_US[kind], nonnegative=True) * 1e-6
+        nic = r.number("nic_gbps", positive=True)
+        switch = r.str("switch", "")
+        up = r.sub("uplink", {})
+        up.check_keys(frozenset({"latency_us", "bandwidth"}))
+        up_lat = up.number("latency_us", 2.0, nonnegative=True) * 1e-6
+        for i in range(count):
+            name = base if count == 1 else f"{base}-{i}"
+            hosts.append(Host(name, gpu, gpus, kind, intra_bw, intra_lat, nic, switch))
+            model = parse_bandwidth_model(up.sub("bandwidth", {}), nic, base_dir)
+            uplinks.append(Link(name, switch, nic, up_lat, model))
+    return hosts, uplinks
+
+
+def _generate_fabric(r: Reader, hosts: list[Host], uplinks: list[Link], base_dir: Path,
+                     ) -> tuple[list[str], list[Link]]:
+    """Switches and switch links of a generated topology; fills in host switches."""
+    kind = r.choice("kind", ("single_switch", "leaf_spine"))
+    if kind == "single_switch":
+        r.check_keys(frozenset({"kind", "name"}))
+        sw = r.str("name", "switch")
+        for i, h in enumerate(hosts):
+            if not h.switch:
+                hosts[i] = _with_switch(h, sw)
+                uplinks[i] = _relink(uplinks[i], sw)
+        return [sw], []
+    r.check_keys(frozenset({"kind", "hosts_per_leaf", "spines", "uplink_gbps", "latency_us",
+                            "bandwidth"}))
+    per_leaf = r.int("hosts_per_leaf", minimum=1)
+    spines = r.int("spines", minimum=1)
+    latency = r.number("latency_us", 1.0, nonnegative=True) * 1e-6
+    n_leaves = -(-len(hosts) // per_leaf)
+    leaves = [f"leaf{i}" for i in range(n_leaves)]
+    spine_names = [f"spine{i}" for i in range(spines)]
+    for i, h in enumerate(hosts):
+        if not h.switch:
+            hosts[i] = _with_switch(h, leaves[i // per_leaf])
+            uplinks[i] = _relink(uplinks[i], leaves[i // per_leaf])
+    links = []
+    for leaf in leaves:
+        attached = [h for h in hosts if h.switch == leaf]
+        # "auto" sizes uplinks for full bisection (a non-blocking fat tree).
+        if r.raw("uplink_gbps", "auto") == "auto":
+            cap = max(sum(h.nic_gbps for h in attached), 1.0) / spines
+        else:
+            cap = r.number("uplink_gbps", positive=True)
+        for spine in spine_names:
+            model = parse_bandwidth_model(r.sub("bandwidth", {}), cap, base_dir)
+            links.append(Link(leaf, spine, cap, latency, model))
+    return leaves + spine_names, links
+
+
+def _with_switch(h: Host, sw: str) -> Host:
+    return Host(h.name, h.gpu, h.num_gpus, h.intra_kind, h.intra_GBps, h.intra_latency_s,
+                h.nic_gbps, sw)
+
+
+def _relink(link: Link, sw: str) -> Link:
+    return Link(link.a, sw, link.capacity_gbps, link.latency_s, link.bandwidth)
+
+
+def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = None,
+                  gpu_catalogs: Iterable[str | Path] = ()) -> Cluster:
+    """Build and validate a cluster from a parsed cluster document."""
+    base_dir = base_dir or Path(".")
+    root = Reader.of(data, source)
+    root.check_keys(_TOP_KEYS)
+    extra = [base_dir / str(p) for _, p, _ in root.items("gpu_catalogs", [])]
+    catalog = load_gpu_catalog([*gpu_catalogs, *extra])
+    hosts, uplinks = _expand_hosts(root, catalog, base_dir)
+    if not hosts:
+        raise root.error("hosts", "lists no hosts")
+    switches: list[str] = []
+    links: list[Link] = []
+    if root.has("topology"):
+        switches, links = _generate_fabric(root.sub("topology"), hosts, uplinks, base_dir)
+    for _, item, where in root.items("switches", []):
+        name = item.get("name") if isinstance(item, dict) else item
+        if not isinstance(name, str) or not name:
+            raise ConfigError(source, where, f"expected a switch name, got {item!r}")
+        switches.append(name)
+    for r in root.sub_list("links", []):
+        links.append(_parse_link(r, base_dir))
+
+    names = [h.name for h in hosts]
+    for i, h in enumerate(hosts):
+        if names.count(h.name) > 1:
+            raise ConfigError(source, "hosts", f"host name {h.name!r} is used more than once")
+        if not h.switch:
+            raise ConfigError(source, "hosts", f"host {h.name!r} names no switch (give it "
+                                               "'switch:' or add a 'topology:' section)")
+    if len(set(switches)) != len(switches) or set(switches) & set(names):
+        raise ConfigError(source, "switches", "switch names must be distinct from each other "
+                                              "and from host names")
+    nodes = set(names) | set(switches)
+    for i, link in enumerate(links):
+        for end in (link.a, link.b):
+            if end not in nodes:
+                raise ConfigError(source, f"links[{i}]", f"unknown node {end!r}")
+    for h in hosts:
+        if h.switch not in nodes:
+            raise ConfigError(source, f"host {h.name}", f"switch {h.switch!r} is not declared")
+
+    all_links = tuple(uplinks + links)
+    graph = nx.Graph()
+    graph.add_nodes_from(names, kind="host")
+    graph.add_nodes_from(switches, kind="switch")
+    for idx, link in enumerate(all_links):
+        if graph.has_edge(link.a, link.b):
+            raise ConfigError(source, "links", f"two links join {link.a!r} and {link.b!r}")
+        # A small per-hop term makes equal-latency paths prefer fewer hops.
+        graph.add_edge(link.a, link.b, index=idx, weight=link.latency_s + 1e-9)
+
+    component = nx.node_connected_component(graph, names[0])
+    for i, h in enumerate(hosts):
+        if h.name not in component:
+            raise ConfigError(source, f"hosts[{i}]",
+                              f"host {h.name!r} is unreachable from host {names[0]!r}")
+
+    n = len(hosts)
+    routes: list[list[tuple[int, ...]]] = [[()] * n for _ in range(n)]
+    latency = np.zeros((n, n))
+    index = {name: i for i, name in enumerate(names)}
+    for i, src in enumerate(names):
+        paths = nx.single_source_dijkstra_path(graph, src, weight="weight")
+        for j, dst in enumerate(names):
+            if i == j:
+                continue
+            path = paths[dst]
+            chans = []
+            for u, v in zip(path, path[1:]):
+                e = graph.edges[u, v]["index"]
+                chans.append(2 * e if all_links[e].a == u else 2 * e + 1)
+                latency[i, j] += all_links[e].latency_s
+            routes[i][j] = tuple(chans)
+    return Cluster(
+        name=root.str("name", Path(source).stem),
+        hosts=tuple(hosts),
+        switches=tuple(switches),
+        links=all_links,
+        source=source,
+        description=root.str("description", ""),
+        routes=tuple(tuple(r) for r in routes),
+        route_latency_s=latency,
+        host_index=index,
+        graph=graph,
+    )
+
+
+def load_cluster(path_or_name: str | Path, gpu_catalogs: Iterable[str | Path] = ()) -> Cluster:
+    """Load a cluster file, or a bundled cluster by name (``amp-het-16``)."""
+    path = resolve_config(path_or_name, "clusters")
+    return parse_cluster(load_document(path), str(path), path.parent, gpu_catalogs)

@@ -1,0 +1,101 @@
+"""Compute time of a pipeline stage's work for one micro-batch on one GPU type.
+
+Matmul FLOPs run at ``gemm_efficiency`` x peak; memory-bound work (norms, softmax,
+dropout, activations, the loss) streams bytes at ``hbm_efficiency`` x HBM bandwidth; and
+every layer pays a fixed framework cost (kernel launches) per micro-batch. The fixed
+cost is what makes small per-GPU matrices run further from peak: the effective
+efficiency of a layer is ``F / (peak * time)``, which falls as ``F`` shrinks. Backward
+costs twice the forward; recomputation adds the forward it repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetpar.cluster.topology import Host
+from hetpar.costmodel.comm import ring_allreduce_time
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.memory import attention_score_bytes, layer_activation_bytes
+from hetpar.workload.model import ModelSpec
+
+__all__ = ["GpuPerf", "StageWork", "gpu_perf", "stage_work"]
+
+
+@dataclass(frozen=True)
+class GpuPerf:
+    """Effective rates of one host's GPUs under the calibrated constants."""
+
+    name: str
+    flops: float  # FLOP/s of large matmuls
+    hbm: float  # bytes/s of memory-bound kernels
+    intra_bw: float  # bytes/s per GPU per direction over the host's scale-up link
+    intra_step_s: float  # latency of one collective step inside the host
+    usable_bytes: float  # memory a plan may fill
+    peak_flops: float
+
+
+def gpu_perf(host: Host, precision: str, c: CostConstants) -> GpuPerf:
+    eff = c.gpu_efficiency(host.gpu.name)
+    peak = host.gpu.peak_flops(precision)
+    return GpuPerf(
+        name=host.gpu.name,
+        flops=peak * eff.gemm,
+        hbm=host.gpu.hbm_GBps * 1e9 * eff.hbm,
+        intra_bw=host.intra_GBps * 1e9 * c.intra_efficiency.get(host.intra_kind, 0.6),
+        intra_step_s=host.intra_latency_s + c.step_latency_s,
+        usable_bytes=host.gpu.memory_bytes * (1.0 - c.fragmentation) - c.reserve_bytes,
+        peak_flops=peak,
+    )
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Seconds one replica spends per micro-batch (forward + backward + extras)."""
+
+    fwd: float
+    bwd: float
+    recompute: float
+    tp_comm: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.fwd + self.bwd + self.recompute + self.tp_comm + self.overhead
+
+
+def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int, first: bool,
+               last: bool, recompute: str, flash: bool, perf: GpuPerf,
+               c: CostConstants) -> StageWork:
+    tokens = seqs * seq_len
+    h = model.hidden
+    mm_flops = tokens * 2.0 * model.matmul_params_per_layer / tp
+    attn_flops = tokens * 4.0 * seq_len * h / tp
+    stream = c.elementwise_traffic * layer_activation_bytes(model, seqs, seq_len, tp, "none", flash)
+    layer_fwd = (mm_flops + attn_flops) / perf.flops + stream / perf.hbm
+    if recompute == "full":
+        layer_rc = layer_fwd + c.layer_overhead_s
+    elif recompute == "selective":
+        scores = 0.0 if flash else attention_score_bytes(model, seqs, seq_len, tp)
+        layer_rc = attn_flops / perf.flops + c.elementwise_traffic * scores / perf.hbm
+    else:
+        layer_rc = 0.0
+    fwd = layers * layer_fwd
+    bwd = 2.0 * fwd
+    overhead = layers * 3.0 * c.layer_overhead_s + c.microbatch_overhead_s
+
+    # Megatron: two all-reduces of the layer output in forward, two in backward, and the
+    # forward's two again when the whole layer is recomputed.
+    n_allreduce = 6 if recompute == "full" else 4
+    act_bytes = tokens * h * 2.0
+    tp_comm = layers * n_allreduce * ring_allreduce_time(act_bytes, tp, perf.intra_bw,
+                                                         perf.intra_step_s)
+    if first:
+        emb = c.elementwise_traffic * tokens * h * 2.0 / perf.hbm
+        fwd += emb
+        bwd += 2.0 * emb
+    if last:
+        head_flops = tokens * model.head_fwd_flops_per_token / tp
+        loss_stream = tokens * model.vocab / tp * c.logits_bytes_per_value / perf.hbm
+        fwd += head_flops / perf.flops + loss_stream
+        bwd += 2.0 * head_flops / perf.flops + loss_stream
+    return StageWork(fwd, bwd, layers * layer_rc, tp_comm, overhead)

@@ -1,0 +1,66 @@
+"""Per-GPU memory: model states, activations (Korthikanti et al., 2022) and logits.
+
+Activation bytes per transformer layer for ``b`` sequences of length ``s`` with
+tensor-parallel degree ``t`` (2-byte values, no sequence parallelism):
+
+* ``none``:      s b (10 h + A / t) + 5 a s^2 b / t     (the s^2 term vanishes with flash attention)
+* ``selective``: s b (10 h + A / t)                      (attention core recomputed)
+* ``full``:      2 s b h                                 (only the layer input is kept)
+
+where ``A = 4 h + 4 h_kv + c f`` bytes per token are the tensor-split activations
+(Q, K, V, attention output, MLP intermediates; ``c`` = 4 for GeLU, 6 for SwiGLU), which
+gives Korthikanti's 24 h for GPT (h_kv = h, f = 4 h).
+"""
+
+from __future__ import annotations
+
+from hetpar.workload.model import ModelSpec
+
+__all__ = ["layer_activation_bytes", "stage_params_per_gpu", "in_flight", "logits_bytes",
+           "attention_score_bytes"]
+
+
+def split_activation_bytes_per_token(model: ModelSpec) -> float:
+    mlp = 6 if model.gated else 4
+    return 4.0 * model.hidden + 4.0 * model.kv_dim + mlp * model.ffn_hidden
+
+
+def attention_score_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int) -> float:
+    """Softmax output, its dropout mask and dropout output: 5 a s^2 b / t bytes."""
+    return 5.0 * model.heads * seq_len * seq_len * seqs / tp
+
+
+def layer_activation_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int, mode: str,
+                           flash: bool) -> float:
+    """Bytes one layer keeps for backward, per micro-batch of ``seqs`` sequences."""
+    tokens = seqs * seq_len
+    if mode == "full":
+        return 2.0 * tokens * model.hidden
+    base = tokens * (10.0 * model.hidden + split_activation_bytes_per_token(model) / tp)
+    if mode == "selective" or flash:
+        return base
+    return base + attention_score_bytes(model, seqs, seq_len, tp)
+
+
+def stage_params_per_gpu(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
+    """Parameters one GPU of a stage holds (embedding on the first stage, head on the last)."""
+    params = layers * model.params_per_layer / tp
+    if first:
+        params += model.embedding_params / tp
+    if last:
+        params += model.final_norm_params
+        # A tied head shares the embedding when both sit on the same stage.
+        if not (first and model.tied_embeddings):
+            params += model.head_params / tp
+    return params
+
+
+def in_flight(stage: int, num_stages: int, micro_batches: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at once under 1F1B."""
+    return min(num_stages - stage, micro_batches)
+
+
+def logits_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int,
+                 bytes_per_value: float) -> float:
+    """Logits, their fp32 copy for the loss and the logit gradients on the last stage."""
+    return seqs * seq_len * model.vocab / tp * bytes_per_value

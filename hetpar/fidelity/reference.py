@@ -1,0 +1,116 @@
+"""The bundled reference runs, turned into (cluster, model, training, plan) instances.
+
+* Megatron-LM SC21 Table 1 (calibration): GPT models on DGX A100 hosts.
+* AMP's GPT-2 runs (validation; only its ``homogeneous`` rows may be used for fitting).
+
+Plans are built exactly as the data README describes: global rank
+``r = tp_rank + tp * (dp_rank + dp * stage)`` lives on host ``r // gpus_per_host``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetpar.cluster.topology import Cluster, load_cluster, parse_cluster
+from hetpar.configio import bundled_dir
+from hetpar.plan import Plan, Replica, Stage
+from hetpar.workload.model import ModelSpec, load_model
+from hetpar.workload.training import TrainingSpec
+
+__all__ = ["Run", "megatron_runs", "amp_runs", "rank_placement_plan"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published or measured run and what it takes to re-estimate it."""
+
+    row_id: str
+    experiment: str
+    cluster: Cluster
+    model: ModelSpec
+    training: TrainingSpec
+    plans: tuple[Plan, ...]  # candidates; Megatron rows leave the micro-batch size open
+    measured_s: float  # inf for a run that failed (out of memory)
+
+
+def reference_dir() -> Path:
+    return bundled_dir() / "reference"
+
+
+def rank_placement_plan(cluster: Cluster, tp: int, dp: int, layers: list[int],
+                        micro_batches: int, recompute: str) -> Plan:
+    hosts = cluster.hosts
+    per_host = hosts[0].num_gpus
+    stages = []
+    for p, n_layers in enumerate(layers):
+        replicas = []
+        for d in range(dp):
+            ranks = [t + tp * (d + dp * p) for t in range(tp)]
+            host = {r // per_host for r in ranks}
+            assert len(host) == 1, "a tensor-parallel group never spans hosts in these runs"
+            replicas.append(Replica(hosts[ranks[0] // per_host].name,
+                                    tuple(r % per_host for r in ranks)))
+        stages.append(Stage(n_layers, tp, tuple(replicas)))
+    return Plan(tuple(stages), micro_batches, recompute, 0)
+
+
+def _dgx_a100(num_hosts: int) -> Cluster:
+    """DGX A100 hosts: 8x A100-80GB on NVSwitch, 8x 200 Gb/s HDR, non-blocking fat tree."""
+    spec = {
+        "name": f"dgx-a100-{num_hosts}",
+        "hosts": [{"name": "dgx", "count": num_hosts, "gpu": "A100-SXM4-80GB", "gpus": 8,
+                   "nic_gbps": 1600}],
+        "topology": {"kind": "leaf_spine", "hosts_per_leaf": 16, "spines": 4,
+                     "uplink_gbps": "auto"},
+    }
+    return parse_cluster(spec, source=f"<dgx-a100-{num_hosts}>")
+
+
+def megatron_runs() -> list[Run]:
+    path = reference_dir() / "megatron_sc21_table1.csv"
+    runs = []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            layers, hidden = int(row["layers"]), int(row["hidden"])
+            model = ModelSpec(name=f"gpt-{row['params_B']}B", layers=layers, hidden=hidden,
+                              heads=int(row["heads"]), kv_heads=int(row["heads"]),
+                              ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
+                              seq_len=int(row["seq_len"]))
+            tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
+            batch = int(row["global_batch"])
+            training = TrainingSpec(global_batch=batch, precision="fp16",
+                                    recompute_modes=("full",), zero_stages=(0,))
+            cluster = _dgx_a100(int(row["num_gpus"]) // int(row["gpus_per_host"]))
+            per_replica = batch // dp
+            plans = tuple(
+                rank_placement_plan(cluster, tp, dp, [layers // pp] * pp, batch // (mbs * dp),
+                                    "full")
+                for mbs in (1, 2, 4, 8) if per_replica % mbs == 0)
+            runs.append(Run(row["row_id"], "megatron", cluster, model, training, plans,
+                            float(row["iter_time_s"])))
+    return runs
+
+
+def amp_runs(experiment: str | None = None) -> list[Run]:
+    path = reference_dir() / "amp_gpt2_16gpu.csv"
+    model = load_model("gpt2-medium")
+    training = TrainingSpec(global_batch=32, precision="fp16", recompute_modes=("none",),
+                            zero_stages=(0,))
+    clusters = {"het_cluster": load_cluster("amp-het-16"),
+                "homogeneous": load_cluster("amp-homo-16")}
+    runs = []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if experiment and row["experiment"] != experiment:
+                continue
+            cluster = clusters[row["experiment"]]
+            mbs, tp, dp = int(row["micro_batch"]), int(row["tp"]), int(row["dp"])
+            layers = [int(x) for x in row["layers_per_stage"].split()]
+            plan = rank_placement_plan(cluster, tp, dp, layers, 32 // (mbs * dp), "none")
+            measured = float(row["measured_iter_time_s"])
+            runs.append(Run(row["row_id"], row["experiment"], cluster, model, training, (plan,),
+                            measured if math.isfinite(measured) else math.inf))
+    return runs

@@ -1,0 +1,71 @@
+"""Training settings: batch, precision and which memory-saving options a plan may use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetpar.configio import Reader, load_document, resolve_config
+
+__all__ = ["TrainingSpec", "load_training", "parse_training", "RECOMPUTE_MODES"]
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """``global_batch`` is in sequences; ``seq_len`` (if set) overrides the model's.
+
+    ``recompute_modes`` and ``zero_stages`` are the options plans may choose from;
+    ``flash_attention`` drops the s^2 attention activations and their memory traffic.
+    """
+
+    global_batch: int
+    seq_len: int | None = None
+    precision: str = "fp16"
+    recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
+    zero_stages: tuple[int, ...] = (0, 1)
+    flash_attention: bool = False
+    name: str = "training"
+
+    @property
+    def bytes_per_value(self) -> int:
+        return 2
+
+
+_KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision", "recompute",
+                   "zero", "flash_attention"})
+
+
+def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
+    r = Reader.of(data, source)
+    r.check_keys(_KEYS)
+    modes = r.raw("recompute", list(RECOMPUTE_MODES))
+    modes = [modes] if isinstance(modes, str) else modes
+    if not isinstance(modes, list) or not modes or any(m not in RECOMPUTE_MODES for m in modes):
+        raise r.error("recompute", f"expected a list drawn from {', '.join(RECOMPUTE_MODES)}, "
+                                   f"got {r.raw('recompute')!r}")
+    zero = r.raw("zero", [0, 1])
+    zero = [zero] if isinstance(zero, int) and not isinstance(zero, bool) else zero
+    if not isinstance(zero, list) or not zero or any(z not in (0, 1) or isinstance(z, bool)
+                                                     for z in zero):
+        raise r.error("zero", f"expected a list drawn from 0 (off) and 1 (ZeRO-1), got {zero!r}")
+    seq_len = r.int("seq_len", None, minimum=1)
+    return TrainingSpec(
+        global_batch=r.int("global_batch", minimum=1),
+        seq_len=seq_len,
+        precision=r.choice("precision", ("fp16", "bf16"), "fp16"),
+        recompute_modes=tuple(dict.fromkeys(modes)),
+        zero_stages=tuple(sorted(set(zero))),
+        flash_attention=r.bool("flash_attention", False),
+        name=r.str("name", Path(source).stem if source != "<dict>" else "training"),
+    )
+
+
+def load_training(path_or_dict: str | Path | dict[str, Any] | None = None) -> TrainingSpec:
+    """A training file, a bundled one by name, a dict, or (None) the bundled default."""
+    if isinstance(path_or_dict, dict):
+        return parse_training(path_or_dict)
+    path = resolve_config(path_or_dict or "default", "training")
+    return parse_training(load_document(path), str(path))

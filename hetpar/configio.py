@@ -44,7 +44,7 @@ def resolve_config(path_or_name: str | Path, kind: str) -> Path:
     if path.exists():
         raise ConfigError(str(path), "", "is not a file")
     candidate = bundled_dir() / kind / f"{path.name}.yaml"
-    if path.suffix == "" and len(path.parts) == 1 and candidate.is_file():
+    if path.suffix not in (".yaml", ".yml", ".json") and len(path.parts) == 1 and candidate.is_file():
         return candidate
     known = ", ".join(list_bundled(kind)) or "none"
     raise ConfigError(str(path), "", f"no such file, and no bundled {kind[:-1]} of that name "

@@ -37,6 +37,11 @@ class BandwidthModel(Protocol):
     def sample(self, rng: np.random.Generator, k: int) -> np.ndarray: ...
 
 
+def _phi(x: float) -> float:
+    """Standard normal CDF."""
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
 @dataclass(frozen=True)
 class Constant:
     gbps: float
@@ -63,11 +68,21 @@ class LogNormal:
         sigma2 = math.log1p(self.cv_ ** 2)
         return math.log(self.mean_gbps) - sigma2 / 2, math.sqrt(sigma2)
 
+    def _clipped_moment(self, n: int) -> float:
+        """E[min(X, cap)^n] of the log-normal X: what the capped samples average to."""
+        mu, sigma = self._params()
+        if sigma == 0:
+            return min(self.mean_gbps, self.cap_gbps) ** n
+        z = (math.log(self.cap_gbps) - mu) / sigma
+        below = math.exp(n * mu + (n * sigma) ** 2 / 2) * _phi(z - n * sigma)
+        return below + self.cap_gbps ** n * (1.0 - _phi(z))
+
     def mean(self) -> float:
-        return self.mean_gbps
+        return self._clipped_moment(1)
 
     def cv(self) -> float:
-        return self.cv_
+        m = self._clipped_moment(1)
+        return math.sqrt(max(self._clipped_moment(2) - m * m, 0.0)) / m
 
     def sample(self, rng: np.random.Generator, k: int) -> np.ndarray:
         mu, sigma = self._params()
@@ -143,12 +158,20 @@ class Trace:
     values: tuple[float, ...]
     source: str
 
+    def _weights(self) -> np.ndarray:
+        """Time each row holds; the last row marks the end of the trace."""
+        if len(self.times) == 1:
+            return np.ones(1)
+        w = np.diff(np.array(self.times))
+        return np.append(w, 0.0) if w.sum() > 0 else np.append(np.ones(len(w)), 0.0)
+
     def mean(self) -> float:
-        return float(np.mean(self.values))
+        return float(np.average(self.values, weights=self._weights()))
 
     def cv(self) -> float:
-        v = np.array(self.values)
-        return float(v.std() / v.mean())
+        v, w = np.array(self.values), self._weights()
+        m = np.average(v, weights=w)
+        return float(math.sqrt(np.average((v - m) ** 2, weights=w)) / m)
 
     def value_at(self, t: np.ndarray | float) -> np.ndarray:
         idx = np.searchsorted(np.array(self.times), t, side="right") - 1

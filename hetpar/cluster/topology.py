@@ -140,7 +140,9 @@ def _expand_hosts(root: Reader, catalog: GpuCatalog, base_dir: Path) -> tuple[li
         intra = r.sub("intra", {})
         intra.check_keys(frozenset({"kind", "GBps", "latency_us"}))
         kind = intra.choice("kind", SCALEUP_KINDS, gpu.scaleup_kind)
-        intra_bw = intra.number("GBps", gpu.scaleup_GBps, positive=True)
+        # Overriding the fabric kind without a bandwidth: PCIe falls back to the GPU's PCIe.
+        default_bw = gpu.scaleup_GBps if kind == gpu.scaleup_kind or kind != "pcie" else gpu.pcie_GBps
+        intra_bw = intra.number("GBps", default_bw, positive=True)
         intra_lat = intra.number("latency_us", _INTRA_LATENCY_US[kind], nonnegative=True) * 1e-6
         nic = r.number("nic_gbps", positive=True)
         switch = r.str("switch", "")
@@ -172,25 +174,24 @@ def _generate_fabric(r: Reader, hosts: list[Host], uplinks: list[Link], base_dir
     per_leaf = r.int("hosts_per_leaf", minimum=1)
     spines = r.int("spines", minimum=1)
     latency = r.number("latency_us", 1.0, nonnegative=True) * 1e-6
-    n_leaves = -(-len(hosts) // per_leaf)
+    unplaced = [i for i, h in enumerate(hosts) if not h.switch]
+    n_leaves = -(-len(unplaced) // per_leaf)
     leaves = [f"leaf{i}" for i in range(n_leaves)]
-    spine_names = [f"spine{i}" for i in range(spines)]
-    for i, h in enumerate(hosts):
-        if not h.switch:
-            hosts[i] = _with_switch(h, leaves[i // per_leaf])
-            uplinks[i] = _relink(uplinks[i], leaves[i // per_leaf])
+    for n, i in enumerate(unplaced):
+        hosts[i] = _with_switch(hosts[i], leaves[n // per_leaf])
+        uplinks[i] = _relink(uplinks[i], leaves[n // per_leaf])
+    # ECMP spreads a leaf's many flows evenly over the spines, so the spine layer is one
+    # logical switch and each leaf's uplinks one logical link of their summed capacity.
     links = []
     for leaf in leaves:
         attached = [h for h in hosts if h.switch == leaf]
-        # "auto" sizes uplinks for full bisection (a non-blocking fat tree).
         if r.raw("uplink_gbps", "auto") == "auto":
-            cap = max(sum(h.nic_gbps for h in attached), 1.0) / spines
+            cap = max(sum(h.nic_gbps for h in attached), 1.0)  # non-blocking fat tree
         else:
-            cap = r.number("uplink_gbps", positive=True)
-        for spine in spine_names:
-            model = parse_bandwidth_model(r.sub("bandwidth", {}), cap, base_dir)
-            links.append(Link(leaf, spine, cap, latency, model))
-    return leaves + spine_names, links
+            cap = spines * r.number("uplink_gbps", positive=True)
+        model = parse_bandwidth_model(r.sub("bandwidth", {}), cap, base_dir)
+        links.append(Link(leaf, "spine", cap, latency, model))
+    return leaves + ["spine"], links
 
 
 def _with_switch(h: Host, sw: str) -> Host:

@@ -40,6 +40,12 @@ class CostConstants:
     # activation they store: they stream what they produce.
     elementwise_traffic: float = 2.0
     optimizer_bytes_per_param: float = 32.0
+    # Megatron-LM splits a pipeline transfer over the tp ranks (scatter-gather); DeepSpeed's
+    # pipeline engine sends the whole activation from every tp rank.
+    p2p_copy_per_tp_rank: bool = False
+    # Megatron-LM all-reduces the tied word-embedding gradient between the first and the
+    # last stage; frameworks that untie or overlap it do not pay this on the critical path.
+    tied_embedding_sync: bool = True
     net_efficiency: float = 0.8
     step_latency_s: float = 20e-6
     intra_efficiency: Mapping[str, float] = field(
@@ -67,6 +73,8 @@ class CostConstants:
                 "iteration_overhead_ms": round(self.iteration_overhead_s * 1e3, 4),
                 "elementwise_traffic": round(self.elementwise_traffic, 4),
                 "optimizer_bytes_per_param": self.optimizer_bytes_per_param,
+                "p2p_copy_per_tp_rank": self.p2p_copy_per_tp_rank,
+                "tied_embedding_sync": self.tied_embedding_sync,
             },
             "network": {
                 "efficiency": round(self.net_efficiency, 4),
@@ -102,7 +110,8 @@ def parse_constants(data: Any, source: str) -> CostConstants:
         raise g.error("default", "is required (efficiency of GPUs without their own entry)")
     fw, net, mem = root.sub("framework"), root.sub("network"), root.sub("memory")
     fw.check_keys(frozenset({"layer_overhead_us", "microbatch_overhead_us", "iteration_overhead_ms",
-                             "elementwise_traffic", "optimizer_bytes_per_param"}))
+                             "elementwise_traffic", "optimizer_bytes_per_param",
+                             "p2p_copy_per_tp_rank", "tied_embedding_sync"}))
     net.check_keys(frozenset({"efficiency", "step_latency_us", "intra_efficiency"}))
     mem.check_keys(frozenset({"reserve_gib", "fragmentation", "weight_bytes", "grad_bytes",
                               "optimizer_bytes", "logits_bytes_per_value"}))
@@ -114,6 +123,8 @@ def parse_constants(data: Any, source: str) -> CostConstants:
         iteration_overhead_s=fw.number("iteration_overhead_ms", nonnegative=True) * 1e-3,
         elementwise_traffic=fw.number("elementwise_traffic", nonnegative=True),
         optimizer_bytes_per_param=fw.number("optimizer_bytes_per_param", nonnegative=True),
+        p2p_copy_per_tp_rank=fw.bool("p2p_copy_per_tp_rank", False),
+        tied_embedding_sync=fw.bool("tied_embedding_sync", True),
         net_efficiency=net.number("efficiency", positive=True, maximum=1.0),
         step_latency_s=net.number("step_latency_us", nonnegative=True) * 1e-6,
         intra_efficiency={str(k): intra.number(str(k), positive=True, maximum=1.0)

@@ -329,12 +329,14 @@ class CostModel:
                 loads: dict[int, float] = {}
                 intra_t = 0.0
                 hop_lat = 0.0
+                copies = st.tp if c.p2p_copy_per_tp_rank else 1
+                lanes = 1 if c.p2p_copy_per_tp_rank else min(st.tp, nxt.tp)
                 for a, b, n_seq in self._overlaps(st.dp, nxt.dp, mb):
                     src, dst = host_ids[i][a], host_ids[i + 1][b]
-                    vol = n_seq * act_bytes_per_seq
+                    vol = n_seq * act_bytes_per_seq * copies
                     if src == dst:
-                        # Each of the tp GPUs sends its slice over its own scale-up link.
-                        intra_t = max(intra_t, vol / (min(st.tp, nxt.tp) * intra_bw) + intra_step)
+                        # The tp GPUs send in parallel, each over its own scale-up link.
+                        intra_t = max(intra_t, vol / (lanes * copies * intra_bw) + intra_step)
                     else:
                         for ch in routes[src][dst]:
                             loads[ch] = loads.get(ch, 0.0) + vol
@@ -345,7 +347,7 @@ class CostModel:
                 # Activations forward and their gradients back: the same volumes mirrored.
                 boundary[:, i] = 2.0 * np.maximum(inter, intra_t)
 
-        if model.tied_embeddings and p > 1:
+        if c.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
             emb = model.vocab * model.hidden * c.grad_bytes
             for a, b in zip(host_ids[0], host_ids[-1]):

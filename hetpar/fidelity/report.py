@@ -1,0 +1,115 @@
+"""Fidelity of the cost model against the bundled reference runs.
+
+* Calibration: predicted vs published time for every Megatron SC21 Table 1 row (MAPE).
+* Validation: for both AMP experiments, rank correlation of predicted and measured time
+  over the runs that finished, how the plan predicted best really measured, and whether
+  runs that failed (out of memory) are predicted infeasible.
+
+Megatron rows do not state the micro-batch size; its authors tuned it, so a row is
+predicted with the size (1, 2, 4 or 8) that the model itself finds fastest among
+those it predicts to fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import kendalltau, spearmanr
+
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.estimate import CostModel, Estimate
+from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
+
+__all__ = ["RunResult", "ExperimentReport", "predict", "calibration_report",
+           "validation_report"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    row_id: str
+    measured_s: float
+    predicted_s: float
+    feasible: bool
+    estimate: Estimate
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+
+def predict(run: Run, constants: CostConstants) -> RunResult:
+    """Estimate a run (mean bandwidth); with several candidate plans, the best that fits."""
+    cm = CostModel(run.cluster, run.model, run.training, constants=constants, samples=0)
+    best: Estimate | None = None
+    for plan in run.plans:
+        est = cm.evaluate(plan, allow_empty_stages=True)
+        if best is None or (est.feasible, -est.iter_time_mean) > (best.feasible,
+                                                                  -best.iter_time_mean):
+            best = est
+    assert best is not None
+    return RunResult(run.row_id, run.measured_s, best.iter_time_mean, best.feasible, best)
+
+
+@dataclass(frozen=True)
+class ExperimentReport:
+    name: str
+    results: tuple[RunResult, ...]
+
+    @property
+    def finite(self) -> list[RunResult]:
+        return [r for r in self.results if math.isfinite(r.measured_s)]
+
+    @property
+    def failed(self) -> list[RunResult]:
+        return [r for r in self.results if not math.isfinite(r.measured_s)]
+
+    @property
+    def mape(self) -> float:
+        return float(np.mean([abs(r.error) for r in self.finite]))
+
+    @property
+    def spearman(self) -> float:
+        f = self.finite
+        return float(spearmanr([r.measured_s for r in f], [r.predicted_s for r in f])[0])
+
+    @property
+    def kendall(self) -> float:
+        f = self.finite
+        return float(kendalltau([r.measured_s for r in f], [r.predicted_s for r in f])[0])
+
+    @property
+    def predicted_best(self) -> RunResult | None:
+        """The run the model would pick: fastest predicted among those predicted to fit."""
+        fits = [r for r in self.results if r.feasible]
+        return min(fits, key=lambda r: r.predicted_s) if fits else None
+
+    @property
+    def measured_best(self) -> RunResult:
+        return min(self.finite, key=lambda r: r.measured_s)
+
+    @property
+    def pick_slowdown(self) -> float:
+        """How much slower the predicted-best plan measured than the measured best."""
+        pick = self.predicted_best
+        if pick is None:
+            return math.inf
+        return pick.measured_s / self.measured_best.measured_s - 1.0
+
+    @property
+    def failed_caught(self) -> int:
+        return sum(1 for r in self.failed if not r.feasible)
+
+    @property
+    def false_infeasible(self) -> int:
+        return sum(1 for r in self.finite if not r.feasible)
+
+
+def calibration_report(constants: CostConstants) -> ExperimentReport:
+    return ExperimentReport("megatron_sc21_table1",
+                            tuple(predict(r, constants) for r in megatron_runs()))
+
+
+def validation_report(constants: CostConstants, experiment: str) -> ExperimentReport:
+    return ExperimentReport(experiment, tuple(predict(r, constants) for r in amp_runs(experiment)))

@@ -2,10 +2,11 @@
 
 Matmul FLOPs run at ``gemm_efficiency`` x peak; memory-bound work (norms, softmax,
 dropout, activations, the loss) streams bytes at ``hbm_efficiency`` x HBM bandwidth; and
-every layer pays a fixed framework cost (kernel launches) per micro-batch. The fixed
-cost is what makes small per-GPU matrices run further from peak: the effective
-efficiency of a layer is ``F / (peak * time)``, which falls as ``F`` shrinks. Backward
-costs twice the forward; recomputation adds the forward it repeats.
+every pass of a layer pays the framework's fixed cost per micro-batch (kernel launches,
+framework code). That fixed cost is what makes small per-GPU matrices run further from
+peak: the effective efficiency of a layer, ``F / (peak * time)``, falls as ``F``
+shrinks, and sooner on a faster GPU. Backward costs twice the forward; recomputation
+adds the forward it repeats.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from hetpar.cluster.topology import Host
 from hetpar.costmodel.comm import ring_allreduce_time
-from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.constants import CostConstants, FrameworkConstants
 from hetpar.costmodel.memory import attention_score_bytes, layer_activation_bytes
 from hetpar.workload.model import ModelSpec
 
@@ -34,7 +35,7 @@ class GpuPerf:
     peak_flops: float
 
 
-def gpu_perf(host: Host, precision: str, c: CostConstants) -> GpuPerf:
+def gpu_perf(host: Host, precision: str, c: CostConstants, fw: FrameworkConstants) -> GpuPerf:
     eff = c.gpu_efficiency(host.gpu.name)
     peak = host.gpu.peak_flops(precision)
     return GpuPerf(
@@ -42,8 +43,8 @@ def gpu_perf(host: Host, precision: str, c: CostConstants) -> GpuPerf:
         flops=peak * eff.gemm,
         hbm=host.gpu.hbm_GBps * 1e9 * eff.hbm,
         intra_bw=host.intra_GBps * 1e9 * c.intra_efficiency.get(host.intra_kind, 0.6),
-        intra_step_s=host.intra_latency_s + c.step_latency_s,
-        usable_bytes=host.gpu.memory_bytes * (1.0 - c.fragmentation) - c.reserve_bytes,
+        intra_step_s=host.intra_latency_s + fw.step_latency_s,
+        usable_bytes=host.gpu.memory_bytes * (1.0 - fw.fragmentation) - fw.reserve_bytes,
         peak_flops=peak,
     )
 
@@ -65,15 +66,17 @@ class StageWork:
 
 def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int, first: bool,
                last: bool, recompute: str, flash: bool, perf: GpuPerf,
-               c: CostConstants) -> StageWork:
+               c: CostConstants, fw: FrameworkConstants) -> StageWork:
     tokens = seqs * seq_len
     h = model.hidden
     mm_flops = tokens * 2.0 * model.matmul_params_per_layer / tp
     attn_flops = tokens * 4.0 * seq_len * h / tp
     stream = c.elementwise_traffic * layer_activation_bytes(model, seqs, seq_len, tp, "none", flash)
     layer_fwd = (mm_flops + attn_flops) / perf.flops + stream / perf.hbm
+    passes = 3.0  # forward, and a backward that launches twice the kernels
     if recompute == "full":
-        layer_rc = layer_fwd + c.layer_overhead_s
+        layer_rc = layer_fwd
+        passes = 4.0
     elif recompute == "selective":
         scores = 0.0 if flash else attention_score_bytes(model, seqs, seq_len, tp)
         layer_rc = attn_flops / perf.flops + c.elementwise_traffic * scores / perf.hbm
@@ -81,7 +84,7 @@ def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int
         layer_rc = 0.0
     fwd = layers * layer_fwd
     bwd = 2.0 * fwd
-    overhead = layers * 3.0 * c.layer_overhead_s + c.microbatch_overhead_s
+    overhead = layers * passes * fw.layer_overhead_s + fw.microbatch_overhead_s
 
     # Megatron: two all-reduces of the layer output in forward, two in backward, and the
     # forward's two again when the whole layer is recomputed.
@@ -95,7 +98,7 @@ def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int
         bwd += 2.0 * emb
     if last:
         head_flops = tokens * model.head_fwd_flops_per_token / tp
-        loss_stream = tokens * model.vocab / tp * c.logits_bytes_per_value / perf.hbm
+        loss_stream = tokens * model.vocab / tp * fw.logits_bytes_per_value / perf.hbm
         fwd += head_flops / perf.flops + loss_stream
         bwd += 2.0 * head_flops / perf.flops + loss_stream
     return StageWork(fwd, bwd, layers * layer_rc, tp_comm, overhead)

@@ -1,9 +1,14 @@
 """Calibrated constants of the cost model (``configs/calibration.yaml``).
 
 Datasheet figures say what a GPU or link could do; these constants say how much of it
-a training framework gets in practice. They are fitted by ``hetpar calibrate`` on the
-calibration data only (Megatron SC21 Table 1 and AMP's homogeneous runs) and judged on
-held-out data by ``hetpar validate``.
+training gets in practice. Some belong to the hardware (how close a GPU type gets to
+its peak), others to the training framework and its transport (fixed costs per layer
+and micro-batch, how pipeline transfers are split, allocator reserve, how fast its
+collectives drive a NIC). A training spec names its framework; the constants of each
+framework are fitted on runs made with it.
+
+All are fitted by ``hetpar calibrate`` on the calibration data only (Megatron SC21
+Table 1 and AMP's homogeneous runs) and judged on held-out data by ``hetpar validate``.
 """
 
 from __future__ import annotations
@@ -16,78 +21,105 @@ from typing import Any
 import yaml
 
 from hetpar.configio import Reader, bundled_dir, load_document
+from hetpar.errors import ConfigError
 
-__all__ = ["GpuEfficiency", "CostConstants", "load_constants"]
+__all__ = ["GpuEfficiency", "FrameworkConstants", "CostConstants", "load_constants"]
+
+GIB = 2**30
 
 
 @dataclass(frozen=True)
 class GpuEfficiency:
-    """Fraction of peak tensor FLOP/s and of HBM bandwidth that large kernels reach."""
+    """Fractions of peak tensor FLOP/s and of HBM bandwidth that large kernels reach."""
 
     gemm: float
     hbm: float
 
 
 @dataclass(frozen=True)
-class CostConstants:
-    gpu: Mapping[str, GpuEfficiency] = field(
-        default_factory=lambda: {"default": GpuEfficiency(0.55, 0.8)})
-    # Framework costs that do not shrink with the work: kernel launches, Python, scheduling.
+class FrameworkConstants:
+    """What one training framework (and the transport under it) adds to the hardware."""
+
+    # Fixed cost of one pass of one transformer layer per micro-batch (kernel launches,
+    # framework code): what keeps small per-GPU matrices far from peak.
     layer_overhead_s: float = 50e-6
-    microbatch_overhead_s: float = 300e-6
-    iteration_overhead_s: float = 0.02
-    # Bytes read+written by memory-bound ops (norms, softmax, dropout, GeLU) per byte of
-    # activation they store: they stream what they produce.
-    elementwise_traffic: float = 2.0
-    optimizer_bytes_per_param: float = 32.0
+    microbatch_overhead_s: float = 300e-6  # per stage and micro-batch (scheduling, p2p setup)
+    iteration_overhead_s: float = 0.02  # per iteration (loss scaling, clipping, logging)
     # Megatron-LM splits a pipeline transfer over the tp ranks (scatter-gather); DeepSpeed's
     # pipeline engine sends the whole activation from every tp rank.
     p2p_copy_per_tp_rank: bool = False
     # Megatron-LM all-reduces the tied word-embedding gradient between the first and the
-    # last stage; frameworks that untie or overlap it do not pay this on the critical path.
+    # last stage; frameworks that untie or overlap it do not pay it on the critical path.
     tied_embedding_sync: bool = True
-    net_efficiency: float = 0.8
-    step_latency_s: float = 20e-6
+    net_efficiency: float = 0.8  # achievable fraction of a link's bandwidth
+    step_latency_s: float = 20e-6  # software latency of one collective step
+    reserve_bytes: float = 1.0 * GIB  # CUDA context, workspaces, allocator slack
+    fragmentation: float = 0.05  # fraction of device memory lost to fragmentation
+    optimizer_bytes: float = 12.0  # optimizer state bytes per parameter (Adam: fp32 master, m, v)
+    logits_bytes_per_value: float = 6.0  # logits, their fp32 loss copy and gradients
+
+
+_FW_FIELDS = {
+    # yaml key: (attribute, scale from yaml units to SI)
+    "layer_overhead_us": ("layer_overhead_s", 1e-6),
+    "microbatch_overhead_us": ("microbatch_overhead_s", 1e-6),
+    "iteration_overhead_ms": ("iteration_overhead_s", 1e-3),
+    "net_efficiency": ("net_efficiency", 1.0),
+    "step_latency_us": ("step_latency_s", 1e-6),
+    "reserve_gib": ("reserve_bytes", GIB),
+    "fragmentation": ("fragmentation", 1.0),
+    "optimizer_bytes": ("optimizer_bytes", 1.0),
+    "logits_bytes_per_value": ("logits_bytes_per_value", 1.0),
+}
+_FW_FLAGS = ("p2p_copy_per_tp_rank", "tied_embedding_sync")
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    gpu: Mapping[str, GpuEfficiency] = field(
+        default_factory=lambda: {"default": GpuEfficiency(0.55, 0.8)})
+    frameworks: Mapping[str, FrameworkConstants] = field(
+        default_factory=lambda: {"megatron-lm": FrameworkConstants()})
+    # Bytes read+written by memory-bound ops (norms, softmax, dropout, GeLU) per byte of
+    # activation they store: they stream what they produce.
+    elementwise_traffic: float = 2.0
+    optimizer_bytes_per_param: float = 32.0  # HBM traffic of one Adam step per parameter
     intra_efficiency: Mapping[str, float] = field(
         default_factory=lambda: {"nvswitch": 0.8, "nvlink": 0.8, "xgmi": 0.7, "pcie": 0.6})
-    reserve_bytes: float = 1.0 * 2**30
-    fragmentation: float = 0.05
     weight_bytes: float = 2.0
     grad_bytes: float = 2.0
-    optimizer_bytes: float = 12.0
-    logits_bytes_per_value: float = 10.0
 
     def gpu_efficiency(self, gpu_name: str) -> GpuEfficiency:
         return self.gpu.get(gpu_name) or self.gpu["default"]
 
-    def with_values(self, **changes: Any) -> CostConstants:
-        return replace(self, **changes)
+    def framework(self, name: str) -> FrameworkConstants:
+        fw = self.frameworks.get(name)
+        if fw is None:
+            raise ConfigError("", "framework", f"no calibrated constants for framework {name!r} "
+                                               f"(known: {', '.join(self.frameworks)})")
+        return fw
+
+    def with_framework(self, name: str, **changes: Any) -> CostConstants:
+        fw = replace(self.frameworks.get(name, FrameworkConstants()), **changes)
+        return replace(self, frameworks={**self.frameworks, name: fw})
 
     def to_dict(self) -> dict[str, Any]:
+        frameworks = {}
+        for name, fw in self.frameworks.items():
+            out: dict[str, Any] = {key: round(getattr(fw, attr) / scale, 6)
+                                   for key, (attr, scale) in _FW_FIELDS.items()}
+            out.update({flag: getattr(fw, flag) for flag in _FW_FLAGS})
+            frameworks[name] = out
         return {
             "gpus": {name: {"gemm_efficiency": round(e.gemm, 6), "hbm_efficiency": round(e.hbm, 6)}
                      for name, e in self.gpu.items()},
-            "framework": {
-                "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
-                "microbatch_overhead_us": round(self.microbatch_overhead_s * 1e6, 3),
-                "iteration_overhead_ms": round(self.iteration_overhead_s * 1e3, 4),
+            "frameworks": frameworks,
+            "shared": {
                 "elementwise_traffic": round(self.elementwise_traffic, 4),
                 "optimizer_bytes_per_param": self.optimizer_bytes_per_param,
-                "p2p_copy_per_tp_rank": self.p2p_copy_per_tp_rank,
-                "tied_embedding_sync": self.tied_embedding_sync,
-            },
-            "network": {
-                "efficiency": round(self.net_efficiency, 4),
-                "step_latency_us": round(self.step_latency_s * 1e6, 3),
                 "intra_efficiency": {k: round(v, 4) for k, v in self.intra_efficiency.items()},
-            },
-            "memory": {
-                "reserve_gib": round(self.reserve_bytes / 2**30, 4),
-                "fragmentation": round(self.fragmentation, 4),
                 "weight_bytes": self.weight_bytes,
                 "grad_bytes": self.grad_bytes,
-                "optimizer_bytes": self.optimizer_bytes,
-                "logits_bytes_per_value": round(self.logits_bytes_per_value, 4),
             },
         }
 
@@ -98,7 +130,7 @@ class CostConstants:
 
 def parse_constants(data: Any, source: str) -> CostConstants:
     root = Reader.of(data, source)
-    root.check_keys(frozenset({"gpus", "framework", "network", "memory"}))
+    root.check_keys(frozenset({"gpus", "frameworks", "shared"}))
     gpus: dict[str, GpuEfficiency] = {}
     g = root.sub("gpus")
     for name in g.data:
@@ -108,33 +140,37 @@ def parse_constants(data: Any, source: str) -> CostConstants:
                                         e.number("hbm_efficiency", positive=True, maximum=1.0))
     if "default" not in gpus:
         raise g.error("default", "is required (efficiency of GPUs without their own entry)")
-    fw, net, mem = root.sub("framework"), root.sub("network"), root.sub("memory")
-    fw.check_keys(frozenset({"layer_overhead_us", "microbatch_overhead_us", "iteration_overhead_ms",
-                             "elementwise_traffic", "optimizer_bytes_per_param",
-                             "p2p_copy_per_tp_rank", "tied_embedding_sync"}))
-    net.check_keys(frozenset({"efficiency", "step_latency_us", "intra_efficiency"}))
-    mem.check_keys(frozenset({"reserve_gib", "fragmentation", "weight_bytes", "grad_bytes",
-                              "optimizer_bytes", "logits_bytes_per_value"}))
-    intra = net.sub("intra_efficiency")
+    frameworks: dict[str, FrameworkConstants] = {}
+    fws = root.sub("frameworks")
+    for name in fws.data:
+        f = fws.sub(str(name))
+        f.check_keys(frozenset(_FW_FIELDS) | frozenset(_FW_FLAGS))
+        base = FrameworkConstants()
+        values: dict[str, Any] = {}
+        for key, (attr, scale) in _FW_FIELDS.items():
+            bound = 1.0 if key in ("net_efficiency",) else 0.9 if key == "fragmentation" else None
+            values[attr] = f.number(key, getattr(base, attr) / scale, nonnegative=True,
+                                    maximum=bound) * scale
+        if values["net_efficiency"] <= 0:
+            raise f.error("net_efficiency", "must be positive")
+        for flag in _FW_FLAGS:
+            values[flag] = f.bool(flag, getattr(base, flag))
+        frameworks[str(name)] = FrameworkConstants(**values)
+    if not frameworks:
+        raise root.error("frameworks", "lists no framework")
+    shared = root.sub("shared")
+    shared.check_keys(frozenset({"elementwise_traffic", "optimizer_bytes_per_param",
+                                 "intra_efficiency", "weight_bytes", "grad_bytes"}))
+    intra = shared.sub("intra_efficiency")
     return CostConstants(
         gpu=gpus,
-        layer_overhead_s=fw.number("layer_overhead_us", nonnegative=True) * 1e-6,
-        microbatch_overhead_s=fw.number("microbatch_overhead_us", nonnegative=True) * 1e-6,
-        iteration_overhead_s=fw.number("iteration_overhead_ms", nonnegative=True) * 1e-3,
-        elementwise_traffic=fw.number("elementwise_traffic", nonnegative=True),
-        optimizer_bytes_per_param=fw.number("optimizer_bytes_per_param", nonnegative=True),
-        p2p_copy_per_tp_rank=fw.bool("p2p_copy_per_tp_rank", False),
-        tied_embedding_sync=fw.bool("tied_embedding_sync", True),
-        net_efficiency=net.number("efficiency", positive=True, maximum=1.0),
-        step_latency_s=net.number("step_latency_us", nonnegative=True) * 1e-6,
+        frameworks=frameworks,
+        elementwise_traffic=shared.number("elementwise_traffic", nonnegative=True),
+        optimizer_bytes_per_param=shared.number("optimizer_bytes_per_param", nonnegative=True),
         intra_efficiency={str(k): intra.number(str(k), positive=True, maximum=1.0)
                           for k in intra.data},
-        reserve_bytes=mem.number("reserve_gib", nonnegative=True) * 2**30,
-        fragmentation=mem.number("fragmentation", nonnegative=True, maximum=0.9),
-        weight_bytes=mem.number("weight_bytes", positive=True),
-        grad_bytes=mem.number("grad_bytes", positive=True),
-        optimizer_bytes=mem.number("optimizer_bytes", nonnegative=True),
-        logits_bytes_per_value=mem.number("logits_bytes_per_value", nonnegative=True),
+        weight_bytes=shared.number("weight_bytes", positive=True),
+        grad_bytes=shared.number("grad_bytes", positive=True),
     )
 
 

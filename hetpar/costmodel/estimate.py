@@ -184,6 +184,7 @@ class CostModel:
         self.seq_len = training.seq_len or model.seq_len
         self.model = model.with_seq_len(self.seq_len)
         self.constants = constants or load_constants()
+        self.framework = self.constants.framework(training.framework)
         if bandwidth is None:
             if samples < 0:
                 raise ConfigError("", "samples", f"must not be negative, got {samples}")
@@ -194,7 +195,7 @@ class CostModel:
             raise ConfigError("", "bandwidth", f"expected positive (K, {len(cluster.links)}) "
                                                f"link bandwidths, got shape {bandwidth.shape}")
         self.link_gbps = bandwidth
-        self.inv_bw = 1.0 / (cluster.channel_bytes_per_s(bandwidth) * self.constants.net_efficiency)
+        self.inv_bw = 1.0 / (cluster.channel_bytes_per_s(bandwidth) * self.framework.net_efficiency)
         self.num_samples = bandwidth.shape[0]
         self._perf: list[GpuPerf | None] = []
         by_kind: dict[tuple, GpuPerf | None] = {}
@@ -202,7 +203,8 @@ class CostModel:
             key = (host.gpu, host.intra_kind, host.intra_GBps, host.intra_latency_s)
             if key not in by_kind:
                 try:
-                    by_kind[key] = gpu_perf(host, training.precision, self.constants)
+                    by_kind[key] = gpu_perf(host, training.precision, self.constants,
+                                            self.framework)
                 except ConfigError:
                     by_kind[key] = None  # reported if a plan uses this host
             self._perf.append(by_kind[key])
@@ -210,12 +212,12 @@ class CostModel:
         self._overlap_cache: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
 
     # ---- helpers ---------------------------------------------------------------------
-    def _host_perf(self, host_idx: int, where: str) -> GpuPerf:
+    def _host_perf(self, host_idx: int, source: str, where: str) -> GpuPerf:
         perf = self._perf[host_idx]
         if perf is None:
             host = self.cluster.hosts[host_idx]
-            raise PlanError("", where, f"host {host.name!r} has {host.gpu.name}, which lacks "
-                                       f"{self.training.precision} support")
+            raise PlanError(source, where, f"host {host.name!r} has {host.gpu.name}, which "
+                                           f"lacks {self.training.precision} support")
         return perf
 
     def _work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
@@ -224,7 +226,8 @@ class CostModel:
         work = self._work_cache.get(key)
         if work is None:
             work = stage_work(self.model, self.seq_len, seqs, tp, layers, first, last, recompute,
-                              self.training.flash_attention, perf, self.constants)
+                              self.training.flash_attention, perf, self.constants,
+                              self.framework)
             self._work_cache[key] = work
         return work
 
@@ -250,6 +253,7 @@ class CostModel:
             validate_plan(plan, self.cluster, self.model, self.training, source=source,
                           allow_empty_stages=allow_empty_stages)
         c = self.constants
+        fw = self.framework
         model = self.model
         s = self.seq_len
         index = self.cluster.host_index
@@ -275,7 +279,7 @@ class CostModel:
             seqs = mb / st.dp
             slowest: StageWork | None = None
             params = stage_params_per_gpu(model, st.layers, st.tp, first, last)
-            states = params * (c.weight_bytes + c.grad_bytes) + params * c.optimizer_bytes / (
+            states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
                 st.dp if zero else 1)
             act = st.layers * layer_activation_bytes(model, seqs, s, st.tp, plan.recompute,
                                                      self.training.flash_attention)
@@ -285,12 +289,12 @@ class CostModel:
                 act += layer_activation_bytes(model, seqs, s, st.tp, "none",
                                               self.training.flash_attention)
             if last:
-                act += logits_bytes(model, seqs, s, st.tp, c.logits_bytes_per_value)
+                act += logits_bytes(model, seqs, s, st.tp, fw.logits_bytes_per_value)
             used = states + act
             intra_bw = float("inf")
             intra_step = 0.0
             for j, (rep, h) in enumerate(zip(st.replicas, host_ids[i])):
-                perf = self._host_perf(h, f"stages[{i}].replicas[{j}]")
+                perf = self._host_perf(h, source, f"stages[{i}].replicas[{j}]")
                 work = self._work(perf, seqs, st.tp, st.layers, first, last, plan.recompute)
                 if slowest is None or work.total > slowest.total:
                     slowest = work
@@ -322,15 +326,15 @@ class CostModel:
                         for ch in routes[a][b]:
                             dp_loads[ch] = dp_loads.get(ch, 0.0) + ring_bytes
                         hop_lat = max(hop_lat, lat[a, b])
-                    dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + c.step_latency_s))
+                    dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + fw.step_latency_s))
 
             if not last:
                 nxt = plan.stages[i + 1]
                 loads: dict[int, float] = {}
                 intra_t = 0.0
                 hop_lat = 0.0
-                copies = st.tp if c.p2p_copy_per_tp_rank else 1
-                lanes = 1 if c.p2p_copy_per_tp_rank else min(st.tp, nxt.tp)
+                copies = st.tp if fw.p2p_copy_per_tp_rank else 1
+                lanes = 1 if fw.p2p_copy_per_tp_rank else min(st.tp, nxt.tp)
                 for a, b, n_seq in self._overlaps(st.dp, nxt.dp, mb):
                     src, dst = host_ids[i][a], host_ids[i + 1][b]
                     vol = n_seq * act_bytes_per_seq * copies
@@ -343,11 +347,11 @@ class CostModel:
                         hop_lat = max(hop_lat, lat[src, dst])
                 inter = self._phase(loads)
                 if loads:
-                    inter = inter + hop_lat + c.step_latency_s
+                    inter = inter + hop_lat + fw.step_latency_s
                 # Activations forward and their gradients back: the same volumes mirrored.
                 boundary[:, i] = 2.0 * np.maximum(inter, intra_t)
 
-        if c.tied_embedding_sync and model.tied_embeddings and p > 1:
+        if fw.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
             emb = model.vocab * model.hidden * c.grad_bytes
             for a, b in zip(host_ids[0], host_ids[-1]):
@@ -355,12 +359,12 @@ class CostModel:
                     for x, y in ((a, b), (b, a)):
                         for ch in routes[x][y]:
                             dp_loads[ch] = dp_loads.get(ch, 0.0) + emb
-                    dp_lat = max(dp_lat, 2.0 * (lat[a, b] + c.step_latency_s))
+                    dp_lat = max(dp_lat, 2.0 * (lat[a, b] + fw.step_latency_s))
 
         pipe, cycle = one_f_one_b(stage_s, boundary, plan.micro_batches)
         dp_inter = self._phase(dp_loads)
         dp_time = max(dp_intra) + dp_inter + (dp_lat if dp_loads else 0.0)
-        total = pipe + dp_time + opt_s + c.iteration_overhead_s
+        total = pipe + dp_time + opt_s + fw.iteration_overhead_s
         total = np.broadcast_to(total, (k,)).astype(float)
 
         fill = float(stage_s.sum() + boundary.sum(axis=1).mean())
@@ -369,7 +373,7 @@ class CostModel:
             "pipeline_steady": float((plan.micro_batches - 1) * cycle.mean()),
             "dp_allreduce": float(np.mean(dp_time)),
             "optimizer": opt_s,
-            "fixed_overhead": c.iteration_overhead_s,
+            "fixed_overhead": fw.iteration_overhead_s,
         }
         mean_boundary = boundary.mean(axis=0) if p > 1 else np.zeros(0)
         stages = tuple(

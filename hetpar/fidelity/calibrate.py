@@ -8,8 +8,8 @@ Time constants minimise the squared log error of predicted vs measured iteration
 time (each data set weighted equally). Memory constants are then chosen on a grid to
 predict the failed (out-of-memory) homogeneous runs infeasible while predicting as few
 finished runs infeasible as possible (a false alarm weighs half a missed failure). GPU types with no calibration data use the ``default``
-efficiency, set to the fitted A100 figures: a datasheet-peak fraction of a data-centre
-GPU under Megatron, the best prior available without measurements.
+figures, set to the fitted A100 ones: a data-centre GPU under Megatron-LM, the best
+prior available without measurements.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from hetpar.costmodel.constants import CostConstants, GpuEfficiency
+from hetpar.costmodel.constants import CostConstants, FrameworkConstants
 from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
 from hetpar.costmodel.estimate import CostModel
 from hetpar.fidelity.report import predict
@@ -43,33 +43,46 @@ class Parameter:
     apply: Callable[[CostConstants, float], CostConstants]
 
 
-def _gpu(name: str, which: str) -> Callable[[CostConstants, float], CostConstants]:
+def _gpu(name: str, which: str, scale: float = 1.0,
+         ) -> Callable[[CostConstants, float], CostConstants]:
     def apply(c: CostConstants, v: float) -> CostConstants:
         cur = c.gpu.get(name) or c.gpu["default"]
-        new = replace(cur, **{which: v})
+        new = replace(cur, **{which: v * scale})
         return replace(c, gpu={**c.gpu, name: new})
     return apply
 
 
-def _field(name: str, scale: float = 1.0) -> Callable[[CostConstants, float], CostConstants]:
-    return lambda c, v: replace(c, **{name: v * scale})
+def _shared(name: str) -> Callable[[CostConstants, float], CostConstants]:
+    return lambda c, v: replace(c, **{name: v})
+
+
+def _fw(framework: str, attr: str, scale: float = 1.0,
+        ) -> Callable[[CostConstants, float], CostConstants]:
+    return lambda c, v: c.with_framework(framework, **{attr: v * scale})
 
 
 def _intra(kind: str) -> Callable[[CostConstants, float], CostConstants]:
     return lambda c, v: replace(c, intra_efficiency={**c.intra_efficiency, kind: v})
 
 
+MLM, MDS = "megatron-lm", "megatron-deepspeed"
+
 TIME_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("A100 gemm efficiency", 0.55, 0.2, 0.95, _gpu(A100, "gemm")),
     Parameter("T4 gemm efficiency", 0.3, 0.02, 0.95, _gpu(T4, "gemm")),
     Parameter("T4 hbm efficiency", 0.7, 0.2, 0.95, _gpu(T4, "hbm")),
-    Parameter("layer overhead (us)", 50.0, 0.0, 5000.0, _field("layer_overhead_s", 1e-6)),
-    Parameter("micro-batch overhead (us)", 300.0, 0.0, 2e5, _field("microbatch_overhead_s", 1e-6)),
-    Parameter("iteration overhead (ms)", 20.0, 0.0, 2000.0, _field("iteration_overhead_s", 1e-3)),
-    Parameter("elementwise traffic", 2.0, 0.5, 8.0, _field("elementwise_traffic")),
-    Parameter("network efficiency", 0.8, 0.1, 1.0, _field("net_efficiency")),
-    Parameter("collective step latency (us)", 20.0, 1.0, 20000.0, _field("step_latency_s", 1e-6)),
+    Parameter("elementwise traffic", 2.0, 0.5, 8.0, _shared("elementwise_traffic")),
     Parameter("PCIe efficiency", 0.6, 0.05, 1.0, _intra("pcie")),
+    Parameter(f"{MLM} layer overhead (us)", 50.0, 0.0, 5000.0, _fw(MLM, "layer_overhead_s", 1e-6)),
+    Parameter(f"{MDS} layer overhead (us)", 200.0, 0.0, 5000.0,
+              _fw(MDS, "layer_overhead_s", 1e-6)),
+    Parameter(f"{MDS} micro-batch overhead (us)", 300.0, 0.0, 2e5,
+              _fw(MDS, "microbatch_overhead_s", 1e-6)),
+    Parameter(f"{MDS} iteration overhead (ms)", 20.0, 0.0, 2000.0,
+              _fw(MDS, "iteration_overhead_s", 1e-3)),
+    Parameter(f"{MDS} network efficiency", 0.8, 0.1, 1.0, _fw(MDS, "net_efficiency")),
+    Parameter(f"{MDS} collective step latency (us)", 20.0, 1.0, 20000.0,
+              _fw(MDS, "step_latency_s", 1e-6)),
 )
 
 
@@ -101,7 +114,8 @@ def _memory_terms(c: CostConstants, runs: Sequence[Run]) -> list[tuple[bool, lis
     """Per run (did it finish?) and per candidate plan, each replica's memory as
     ``used = base + optimizer_bytes * per_optim + logits_bytes * per_logit`` against
     ``usable + reserve``: the memory model is linear in the three fitted constants."""
-    probes = [replace(c, optimizer_bytes=o, logits_bytes_per_value=lg, reserve_bytes=0.0)
+    probes = [c.with_framework(MDS, optimizer_bytes=o, logits_bytes_per_value=lg,
+                               reserve_bytes=0.0)
               for o, lg in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))]
     out = []
     for run in runs:
@@ -135,7 +149,8 @@ def _memory_score(terms: list[tuple[bool, list[np.ndarray]]], reserve: float, lo
 def fit_constants(base: CostConstants | None = None,
                   runs: Sequence[Run] | None = None) -> tuple[CostConstants, dict[str, float]]:
     """Fit time then memory constants; returns the constants and the fitted values."""
-    base = base or CostConstants()
+    base = base or CostConstants(frameworks={MLM: FrameworkConstants(),
+                                             MDS: FrameworkConstants()})
     runs = list(runs) if runs is not None else calibration_runs()
     assert all(r.experiment != "het_cluster" for r in runs), "het_cluster rows are held out"
     params = TIME_PARAMETERS
@@ -148,8 +163,9 @@ def fit_constants(base: CostConstants | None = None,
     # on the critical path are discrete properties: fit the continuous constants under
     # each combination and keep the best.
     fits = []
+    # (Megatron-LM's own behaviour is known: scatter-gather transfers, embedding sync.)
     for copies, sync in itertools.product((False, True), (True, False)):
-        start = replace(base, p2p_copy_per_tp_rank=copies, tied_embedding_sync=sync)
+        start = base.with_framework(MDS, p2p_copy_per_tp_rank=copies, tied_embedding_sync=sync)
 
         def residuals(z: np.ndarray, start: CostConstants = start) -> np.ndarray:
             return _time_residuals(_apply(start, params, z * scale), runs)
@@ -159,12 +175,12 @@ def fit_constants(base: CostConstants | None = None,
         fits.append((fit.cost, start, fit.x * scale))
     cost, start, values = min(fits, key=lambda f: f[0])
     fitted = _apply(start, params, values)
-    a100 = fitted.gpu[A100]
-    fitted = replace(fitted, gpu={**fitted.gpu, "default": GpuEfficiency(a100.gemm, a100.hbm)})
+    fitted = replace(fitted, gpu={**fitted.gpu, "default": fitted.gpu[A100]})
+    mds_runs = [r for r in runs if r.training.framework == MDS]
 
     # Memory: the most failed runs caught with no finished run predicted infeasible;
     # ties go to the smallest reserve (the least pessimistic model).
-    terms = _memory_terms(fitted, runs)
+    terms = _memory_terms(fitted, mds_runs)
     best = None
     for reserve, logits, optim in itertools.product(
             np.arange(0.0, 6.01, 0.25), (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0),
@@ -176,13 +192,17 @@ def fit_constants(base: CostConstants | None = None,
         if best is None or key > best[0]:
             best = (key, float(reserve), logits, optim)
     assert best is not None
-    fitted = replace(fitted, reserve_bytes=best[1] * 2**30, logits_bytes_per_value=best[2],
-                     optimizer_bytes=best[3])
+    fitted = fitted.with_framework(MDS, reserve_bytes=best[1] * 2**30,
+                                   logits_bytes_per_value=best[2], optimizer_bytes=best[3])
+    # Every Megatron-LM run finished: its memory constants must predict them all to fit.
+    for run in runs:
+        if run.training.framework == MLM:
+            assert predict(run, fitted).feasible, f"{run.row_id} predicted out of memory"
     report = {p.name: float(v) for p, v in zip(params, values)}
-    report["reserve (GiB)"] = best[1]
-    report["logits bytes per value"] = best[2]
-    report["optimizer bytes per param"] = best[3]
-    report["p2p copy per tp rank"] = float(start.p2p_copy_per_tp_rank)
-    report["tied embedding sync"] = float(start.tied_embedding_sync)
+    report[f"{MDS} reserve (GiB)"] = best[1]
+    report[f"{MDS} logits bytes per value"] = best[2]
+    report[f"{MDS} optimizer bytes per param"] = best[3]
+    report[f"{MDS} p2p copy per tp rank"] = float(start.framework(MDS).p2p_copy_per_tp_rank)
+    report[f"{MDS} tied embedding sync"] = float(start.framework(MDS).tied_embedding_sync)
     report["time fit cost"] = float(cost)
     return fitted, report

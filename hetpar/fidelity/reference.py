@@ -82,7 +82,8 @@ def megatron_runs() -> list[Run]:
             tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
             batch = int(row["global_batch"])
             training = TrainingSpec(global_batch=batch, precision="fp16",
-                                    recompute_modes=("full",), zero_stages=(0,))
+                                    recompute_modes=("full",), zero_stages=(0,),
+                                    framework="megatron-lm")
             cluster = _dgx_a100(int(row["num_gpus"]) // int(row["gpus_per_host"]))
             per_replica = batch // dp
             plans = tuple(
@@ -98,7 +99,7 @@ def amp_runs(experiment: str | None = None) -> list[Run]:
     path = reference_dir() / "amp_gpt2_16gpu.csv"
     model = load_model("gpt2-medium")
     training = TrainingSpec(global_batch=32, precision="fp16", recompute_modes=("none",),
-                            zero_stages=(0,))
+                            zero_stages=(0,), framework="megatron-deepspeed")
     clusters = {"het_cluster": load_cluster("amp-het-16"),
                 "homogeneous": load_cluster("amp-homo-16")}
     runs = []

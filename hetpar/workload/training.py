@@ -18,7 +18,8 @@ class TrainingSpec:
     """``global_batch`` is in sequences; ``seq_len`` (if set) overrides the model's.
 
     ``recompute_modes`` and ``zero_stages`` are the options plans may choose from;
-    ``flash_attention`` drops the s^2 attention activations and their memory traffic.
+    ``flash_attention`` drops the s^2 attention activations and their memory traffic;
+    ``framework`` selects the calibrated framework constants (configs/calibration.yaml).
     """
 
     global_batch: int
@@ -27,6 +28,7 @@ class TrainingSpec:
     recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
     zero_stages: tuple[int, ...] = (0, 1)
     flash_attention: bool = False
+    framework: str = "megatron-lm"
     name: str = "training"
 
     @property
@@ -35,7 +37,7 @@ class TrainingSpec:
 
 
 _KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision", "recompute",
-                   "zero", "flash_attention"})
+                   "zero", "flash_attention", "framework"})
 
 
 def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
@@ -59,6 +61,7 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
         recompute_modes=tuple(dict.fromkeys(modes)),
         zero_stages=tuple(sorted(set(zero))),
         flash_attention=r.bool("flash_attention", False),
+        framework=r.str("framework", "megatron-lm"),
         name=r.str("name", Path(source).stem if source != "<dict>" else "training"),
     )
 

@@ -1,0 +1,3 @@
+from hetpar.cli.main import main
+import sys
+sys.exit(main())

@@ -1,0 +1,219 @@
+"""The ``hetpar`` command line.
+
+Every problem with the user's input ends as one line on stderr naming the file, the
+field and the problem, with exit status 2 (argparse usage errors also exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from hetpar import __version__
+from hetpar.errors import ConfigError, HetparError
+
+__all__ = ["main", "build_parser"]
+
+EXAMPLES = """\
+examples:
+  hetpar estimate --cluster amp-het-16 --model gpt2-medium --plan configs/plans/amp-het-16-gpt2.json
+  hetpar estimate --cluster my_cluster.yaml --model llama2-7b --training my_training.yaml \\
+                  --plan plan.json --samples 64 --objective cvar0.9 --json
+  hetpar validate            # fidelity of the cost model on the bundled reference runs
+  hetpar list models         # bundled clusters, models, training specs and GPU types
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetpar",
+        description="Hybrid-parallel training plans for LLMs on heterogeneous GPU clusters "
+                    "whose network bandwidth varies.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hetpar {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    est = sub.add_parser(
+        "estimate", help="estimate the iteration time, breakdown and memory of a plan",
+        description="Score a plan with the analytic cost model: per-stage compute and "
+                    "communication, the pipeline schedule, data-parallel all-reduce, memory per "
+                    "GPU and the iteration-time distribution over sampled bandwidth states.")
+    _add_instance_args(est)
+    est.add_argument("--plan", required=True, metavar="FILE",
+                     help="plan file (JSON, format in configs/README.md)")
+    est.add_argument("--samples", type=int, default=32, metavar="K",
+                     help="bandwidth states to sample (0: each link at its mean; default 32)")
+    est.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling (default 0)")
+    est.add_argument("--objective", default="mean", metavar="OBJ",
+                     help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default mean")
+    est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    est.set_defaults(func=_cmd_estimate)
+
+    val = sub.add_parser(
+        "validate", help="report the cost model's fidelity on the bundled reference runs",
+        description="Calibration error on Megatron-LM SC21 Table 1 and rank correlation, "
+                    "best-plan quality and out-of-memory prediction on AMP's measured GPT-2 runs.")
+    val.add_argument("--calibration", metavar="FILE", help="constants file (default: bundled)")
+    val.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    val.set_defaults(func=_cmd_validate)
+
+    cal = sub.add_parser(
+        "calibrate", help="fit the cost model's constants on the calibration data",
+        description="Fit efficiencies, overheads and memory constants on Megatron SC21 Table 1 "
+                    "and AMP's homogeneous runs only (never the held-out het_cluster runs), "
+                    "and write them as a calibration file.")
+    cal.add_argument("--out", metavar="FILE",
+                     help="where to write the constants (default: print them)")
+    cal.set_defaults(func=_cmd_calibrate)
+
+    lst = sub.add_parser("list", help="list bundled clusters, models, training specs or GPUs",
+                         description="List the configurations shipped with hetpar.")
+    lst.add_argument("kind", nargs="?", default="all",
+                     choices=("all", "clusters", "models", "training", "gpus"))
+    lst.set_defaults(func=_cmd_list)
+    return parser
+
+
+def _add_instance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True, metavar="FILE|NAME",
+                   help="cluster file, or the name of a bundled cluster (hetpar list clusters)")
+    p.add_argument("--model", required=True, metavar="FILE|NAME",
+                   help="model file, or the name of a bundled model (hetpar list models)")
+    p.add_argument("--training", metavar="FILE|NAME",
+                   help="training file or bundled name (default: configs/training/default.yaml)")
+    p.add_argument("--gpus", action="append", default=[], metavar="FILE",
+                   help="extra GPU catalog file (repeatable)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="cost-model constants file (default: the bundled calibration)")
+
+
+def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.cluster.topology import load_cluster
+    from hetpar.costmodel.constants import load_constants
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.costmodel.objective import Objective
+    from hetpar.plan import Plan
+    from hetpar.workload.model import load_model
+    from hetpar.workload.training import load_training
+
+    objective = Objective.parse(args.objective)
+    if args.samples < 0:
+        raise ConfigError("--samples", "", f"must not be negative, got {args.samples}")
+    cluster = load_cluster(args.cluster, gpu_catalogs=args.gpus)
+    model = load_model(args.model)
+    training = load_training(args.training)
+    constants = load_constants(args.calibration)
+    plan = Plan.load(args.plan)
+    cm = CostModel(cluster, model, training, constants=constants, samples=args.samples,
+                   seed=args.seed)
+    est = cm.evaluate(plan, source=args.plan)
+    value = est.value(objective)
+    if args.json:
+        out = est.to_dict()
+        out["objective"] = {"name": objective.name, "value_s": value}
+        out["instance"] = {"cluster": cluster.name, "model": model.name,
+                           "training": training.name, "samples": args.samples, "seed": args.seed}
+        print(json.dumps(out, allow_nan=True))
+        return 0
+    from hetpar.cli.render import render_estimate
+    render_estimate(console, est, cluster, cm.model, objective.name, value)
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.costmodel.constants import load_constants
+    from hetpar.fidelity.report import calibration_report, validation_report
+
+    constants = load_constants(args.calibration)
+    cal = calibration_report(constants)
+    reports = [validation_report(constants, exp) for exp in ("het_cluster", "homogeneous")]
+    if args.json:
+        print(json.dumps({
+            "calibration": {"mape": cal.mape,
+                            "rows": {r.row_id: {"published_s": r.measured_s,
+                                                "predicted_s": r.predicted_s} for r in cal.results}},
+            **{rep.name: {"spearman": rep.spearman, "kendall": rep.kendall,
+                          "predicted_best": rep.predicted_best.row_id if rep.predicted_best else None,
+                          "pick_slowdown": rep.pick_slowdown,
+                          "failed_caught": rep.failed_caught, "failed": len(rep.failed),
+                          "false_infeasible": rep.false_infeasible,
+                          "rows": {r.row_id: {"measured_s": r.measured_s,
+                                              "predicted_s": r.predicted_s,
+                                              "feasible": r.feasible} for r in rep.results}}
+               for rep in reports}}, allow_nan=True))
+        return 0
+    from hetpar.cli.render import render_calibration, render_validation
+    render_calibration(console, cal)
+    for rep in reports:
+        console.print()
+        render_validation(console, rep, fitted=rep.name == "homogeneous")
+    caught = sum(r.failed_caught for r in reports)
+    failed = sum(len(r.failed) for r in reports)
+    wrong = sum(r.false_infeasible for r in reports)
+    console.print(f"\nboth experiments: {caught} of {failed} failed runs predicted infeasible, "
+                  f"{wrong} finished runs predicted infeasible")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.fidelity.calibrate import fit_constants
+
+    with console.status("fitting constants on Megatron SC21 Table 1 and AMP homogeneous runs"):
+        constants, fitted = fit_constants()
+    header = ("# Cost-model constants fitted by `hetpar calibrate` on Megatron SC21 Table 1 and\n"
+              "# the `homogeneous` rows of the AMP GPT-2 runs (configs/reference/); the\n"
+              "# `het_cluster` rows are held out for `hetpar validate`.\n")
+    import yaml
+    text = header + yaml.safe_dump(constants.to_dict(), sort_keys=False)
+    if args.out:
+        out = Path(args.out)
+        try:
+            tmp = out.with_suffix(out.suffix + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out)
+        except OSError as exc:
+            raise ConfigError(str(out), "", f"cannot write: {exc.strerror}") from None
+        for name, value in fitted.items():
+            console.print(f"  {name}: {value:.4g}")
+        console.print(f"wrote {out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.cluster.gpu import load_gpu_catalog
+    from hetpar.configio import list_bundled
+
+    kinds = ("clusters", "models", "training", "gpus") if args.kind == "all" else (args.kind,)
+    for kind in kinds:
+        if kind == "gpus":
+            names = [g.name for g in load_gpu_catalog()]
+        else:
+            names = list_bundled(kind)
+        console.print(f"[bold]{kind}[/]: {', '.join(names)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        return int(args.func(args, console))
+    except HetparError as exc:
+        print(f"hetpar: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hetpar: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Human-readable output (rich tables) for the CLI."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from hetpar.cluster.topology import Cluster
+from hetpar.costmodel.estimate import GIB, Estimate
+from hetpar.fidelity.report import ExperimentReport
+from hetpar.workload.model import ModelSpec
+
+__all__ = ["render_estimate", "render_calibration", "render_validation"]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f}"
+
+
+def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: ModelSpec,
+                    objective_name: str, objective_value: float) -> None:
+    plan = est.plan
+    console.print(f"[bold]cluster[/]  {cluster.summary()}")
+    console.print(f"[bold]model[/]    {model.summary()}")
+    console.print(f"[bold]plan[/]     {plan.num_stages} stages, {plan.num_gpus} GPUs, "
+                  f"{plan.micro_batches} micro-batches, recompute {plan.recompute}, "
+                  f"ZeRO-{plan.zero}")
+
+    layout = Table(title="Plan", title_justify="left")
+    for col in ("stage", "layers", "tp", "dp", "GPU type", "hosts"):
+        layout.add_column(col, justify="right" if col in ("stage", "layers", "tp", "dp") else "left")
+    for s in est.stages:
+        layout.add_row(str(s.index), str(s.layers), str(s.tp), str(s.dp), "/".join(s.gpu_types),
+                       ",".join(s.hosts))
+    console.print(layout)
+
+    t = Table(title="Per stage and micro-batch, slowest replica (ms)", title_justify="left")
+    for col in ("stage", "fwd", "bwd", "recomp", "tp comm", "overhead", "p2p out", "dp intra"):
+        t.add_column(col, justify="right")
+    for s in est.stages:
+        t.add_row(str(s.index), _ms(s.work.fwd), _ms(s.work.bwd), _ms(s.work.recompute),
+                  _ms(s.work.tp_comm), _ms(s.work.overhead), _ms(s.p2p_out_s), _ms(s.dp_intra_s))
+    console.print(t)
+
+    mean = est.iter_time_mean
+    b = Table(title="Iteration time breakdown (mean over bandwidth samples)",
+              title_justify="left")
+    b.add_column("term")
+    b.add_column("seconds", justify="right")
+    b.add_column("share", justify="right")
+    labels = {"pipeline_fill": "pipeline fill (first micro-batch, all stages)",
+              "pipeline_steady": "pipeline steady state ((M-1) x slowest cycle)",
+              "dp_allreduce": "data-parallel gradient all-reduce",
+              "optimizer": "optimizer step", "fixed_overhead": "fixed per-iteration overhead"}
+    for key, value in est.breakdown.items():
+        b.add_row(labels.get(key, key), f"{value:.4f}", f"{value / mean:.1%}")
+    b.add_row("[bold]total[/]", f"[bold]{mean:.4f}[/]", "100.0%")
+    console.print(b)
+
+    m = Table(title="Memory per GPU (GiB)", title_justify="left")
+    for col in ("stage", "host", "GPUs", "type", "used", "usable", "headroom"):
+        m.add_column(col, justify="right" if col in ("used", "usable", "headroom") else "left")
+    grouped: dict[tuple, list] = defaultdict(list)
+    for r in est.memory:
+        grouped[(r.stage, r.host, r.gpu_type, round(r.used_bytes), round(r.usable_bytes))].append(r)
+    for (stage, host, gtype, _, _), reps in grouped.items():
+        gpus = sorted(g for r in reps for g in r.gpus)
+        r0 = reps[0]
+        head = r0.headroom_bytes / GIB
+        m.add_row(str(stage), host, ",".join(map(str, gpus)), gtype, f"{r0.used_bytes / GIB:.2f}",
+                  f"{r0.usable_bytes / GIB:.2f}",
+                  f"[red]{head:.2f}[/]" if head < 0 else f"{head:.2f}")
+    console.print(m)
+
+    d = Table(title=f"Iteration time over {est.iter_time.size} bandwidth samples (s); "
+                    f"objective {objective_name}", title_justify="left")
+    for col in ("mean", "p50", "p90", "CVaR 0.9", "min", "max", "objective"):
+        d.add_column(col, justify="right")
+    d.add_row(f"{mean:.4f}", f"{est.iter_time_p50:.4f}", f"{est.iter_time_p90:.4f}",
+              f"{est.iter_time_cvar90:.4f}", f"{est.iter_time.min():.4f}",
+              f"{est.iter_time.max():.4f}",
+              "inf" if math.isinf(objective_value) else f"{objective_value:.4f}")
+    console.print(d)
+    console.print(f"throughput {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}")
+    if est.feasible:
+        console.print(f"[green]feasible[/]: smallest memory headroom "
+                      f"{est.min_headroom_bytes / GIB:.2f} GiB")
+    else:
+        console.print(f"[red]infeasible[/]: {len(est.overflow)} replica(s) out of memory")
+        for line in dict.fromkeys(est.overflow):
+            console.print(f"  [red]{line}[/]")
+
+
+def render_calibration(console: Console, rep: ExperimentReport) -> None:
+    t = Table(title="Calibration: Megatron-LM SC21 Table 1 (A100)", title_justify="left")
+    for col in ("row", "published s", "predicted s", "error", "micro-batches"):
+        t.add_column(col, justify="right" if col != "row" else "left")
+    for r in rep.results:
+        t.add_row(r.row_id, f"{r.measured_s:.2f}", f"{r.predicted_s:.2f}", f"{r.error:+.1%}",
+                  str(r.estimate.plan.micro_batches))
+    console.print(t)
+    console.print(f"mean absolute percentage error: [bold]{rep.mape:.1%}[/] (target <= 10%)")
+
+
+def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> None:
+    role = "used for fitting" if fitted else "held out, never fitted"
+    t = Table(title=f"Validation: AMP GPT-2 {rep.name} ({role})", title_justify="left")
+    for col in ("row", "measured s", "predicted s", "predicted fits"):
+        t.add_column(col, justify="right" if col != "row" else "left")
+    for r in sorted(rep.results, key=lambda r: r.measured_s):
+        fits = "yes" if r.feasible else "[red]no[/]"
+        t.add_row(r.row_id, f"{r.measured_s:.2f}", f"{r.predicted_s:.3f}", fits)
+    console.print(t)
+    pick = rep.predicted_best
+    best = rep.measured_best
+    console.print(f"Spearman [bold]{rep.spearman:.3f}[/], Kendall [bold]{rep.kendall:.3f}[/] "
+                  f"over {len(rep.finite)} finished runs")
+    if pick is not None:
+        console.print(f"plan predicted best: {pick.row_id}, measured {pick.measured_s:.2f} s; "
+                      f"measured best {best.row_id} {best.measured_s:.2f} s "
+                      f"([bold]{rep.pick_slowdown:+.1%}[/])")
+    console.print(f"failed runs predicted infeasible: [bold]{rep.failed_caught}[/] of "
+                  f"{len(rep.failed)}; finished runs predicted infeasible: "
+                  f"[bold]{rep.false_infeasible}[/]")

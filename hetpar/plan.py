@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ class Stage:
     tp: int
     replicas: tuple[Replica, ...]
 
-    @property
+    @cached_property
     def dp(self) -> int:
         return len(self.replicas)
 

@@ -12,6 +12,7 @@ adds the forward it repeats.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from hetpar.cluster.topology import Host
 from hetpar.costmodel.comm import ring_allreduce_time
@@ -59,7 +60,7 @@ class StageWork:
     tp_comm: float
     overhead: float
 
-    @property
+    @cached_property
     def total(self) -> float:
         return self.fwd + self.bwd + self.recompute + self.tp_comm + self.overhead
 

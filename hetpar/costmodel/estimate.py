@@ -210,6 +210,8 @@ class CostModel:
             self._perf.append(by_kind[key])
         self._work_cache: dict[tuple, StageWork] = {}
         self._overlap_cache: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+        self._memory_cache: dict[tuple, tuple[float, float]] = {}
+        self._latency: list[list[float]] = cluster.route_latency_s.tolist()
 
     # ---- helpers ---------------------------------------------------------------------
     def _host_perf(self, host_idx: int, source: str, where: str) -> GpuPerf:
@@ -222,7 +224,7 @@ class CostModel:
 
     def _work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
               last: bool, recompute: str) -> StageWork:
-        key = (perf.name, perf.intra_bw, seqs, tp, layers, first, last, recompute)
+        key = (id(perf), seqs, tp, layers, first, last, recompute)  # perfs live as long as self
         work = self._work_cache.get(key)
         if work is None:
             work = stage_work(self.model, self.seq_len, seqs, tp, layers, first, last, recompute,
@@ -246,68 +248,92 @@ class CostModel:
         vols = np.fromiter(loads.values(), dtype=float, count=len(loads))
         return (self.inv_bw[:, chans] * vols).max(axis=1)
 
-    # ---- the model ----------------------------------------------------------------------
-    def evaluate(self, plan: Plan, *, validate: bool = True, source: str = "<plan>",
-                 allow_empty_stages: bool = False) -> Estimate:
-        if validate:
-            validate_plan(plan, self.cluster, self.model, self.training, source=source,
-                          allow_empty_stages=allow_empty_stages)
+    def _stage_memory(self, layers: int, tp: int, dp: int, seqs: float, stage: int, p: int,
+                      micro_batches: int, recompute: str, zero: bool) -> tuple[float, float]:
+        """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica."""
+        first, last = stage == 0, stage == p - 1
+        key = (layers, tp, dp, seqs, first, last, in_flight(stage, p, micro_batches), recompute,
+               zero)
+        hit = self._memory_cache.get(key)
+        if hit is not None:
+            return hit
+        c, fw, model, s = self.constants, self.framework, self.model, self.seq_len
+        flash = self.training.flash_attention
+        params = stage_params_per_gpu(model, layers, tp, first, last)
+        states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
+            dp if zero else 1)
+        act = layers * layer_activation_bytes(model, seqs, s, tp, recompute, flash)
+        act *= in_flight(stage, p, micro_batches)
+        if recompute == "full" and layers:
+            # Recomputing a layer materialises its full activations once more.
+            act += layer_activation_bytes(model, seqs, s, tp, "none", flash)
+        if last:
+            act += logits_bytes(model, seqs, s, tp, fw.logits_bytes_per_value)
+        out = self._memory_cache[key] = (params, states + act)
+        return out
+
+    def _core(self, plan: Plan, source: str) -> _Core:
+        """The whole model for one plan, without building the report objects."""
         c = self.constants
         fw = self.framework
         model = self.model
-        s = self.seq_len
         index = self.cluster.host_index
         routes = self.cluster.routes
-        lat = self.cluster.route_latency_s
+        lat = self._latency
         mb = self.training.global_batch // plan.micro_batches
         p = plan.num_stages
-        k = self.num_samples
         zero = plan.zero == 1
-        act_bytes_per_seq = s * model.hidden * 2.0
+        act_bytes_per_seq = self.seq_len * model.hidden * 2.0
+        step = fw.step_latency_s
 
-        stage_s = np.empty(p)
-        boundary = np.zeros((k, max(p - 1, 0)))
+        host_ids = [[index[r.host] for r in st.replicas] for st in plan.stages]
         works: list[StageWork] = []
-        memories: list[ReplicaMemory] = []
-        dp_loads: dict[int, float] = {}
+        params_l: list[float] = []
+        used_l: list[float] = []
+        perfs_l: list[list[GpuPerf]] = []
         dp_intra = [0.0] * p
+        dp_loads: dict[int, float] = {}
         dp_lat = 0.0
         opt_s = 0.0
-        host_ids = [[index[r.host] for r in st.replicas] for st in plan.stages]
+        feasible = True
+        # Pipeline boundaries: flat (channel, load) lists with a start offset per boundary
+        # that has inter-host flows, so one numpy reduction times them all.
+        b_chans: list[int] = []
+        b_loads: list[float] = []
+        b_starts: list[int] = []
+        b_cols: list[int] = []
+        b_lat: list[float] = []
+        b_intra = [0.0] * max(p - 1, 0)
         for i, st in enumerate(plan.stages):
             first, last = i == 0, i == p - 1
             seqs = mb / st.dp
+            params, used = self._stage_memory(st.layers, st.tp, st.dp, seqs, i, p,
+                                              plan.micro_batches, plan.recompute, zero)
+            perfs = [self._perf[h] for h in host_ids[i]]
+            # Identical hosts share one GpuPerf object: cost each kind of replica once.
+            kinds = {id(perf): perf for perf in perfs}
+            if None in perfs:
+                j = perfs.index(None)
+                self._host_perf(host_ids[i][j], source, f"stages[{i}].replicas[{j}]")
             slowest: StageWork | None = None
-            params = stage_params_per_gpu(model, st.layers, st.tp, first, last)
-            states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
-                st.dp if zero else 1)
-            act = st.layers * layer_activation_bytes(model, seqs, s, st.tp, plan.recompute,
-                                                     self.training.flash_attention)
-            act *= in_flight(i, p, plan.micro_batches)
-            if plan.recompute == "full" and st.layers:
-                # Recomputing a layer materialises its full activations once more.
-                act += layer_activation_bytes(model, seqs, s, st.tp, "none",
-                                              self.training.flash_attention)
-            if last:
-                act += logits_bytes(model, seqs, s, st.tp, fw.logits_bytes_per_value)
-            used = states + act
             intra_bw = float("inf")
             intra_step = 0.0
-            for j, (rep, h) in enumerate(zip(st.replicas, host_ids[i])):
-                perf = self._host_perf(h, source, f"stages[{i}].replicas[{j}]")
+            hbm = float("inf")
+            for perf in kinds.values():
                 work = self._work(perf, seqs, st.tp, st.layers, first, last, plan.recompute)
                 if slowest is None or work.total > slowest.total:
                     slowest = work
-                memories.append(ReplicaMemory(i, rep.host, rep.gpus, perf.name, used,
-                                              perf.usable_bytes,
-                                              self.cluster.hosts[h].gpu.memory_bytes))
-                opt_s = max(opt_s, params / (st.dp if zero else 1) * c.optimizer_bytes_per_param
-                            / perf.hbm)
+                if used > perf.usable_bytes:
+                    feasible = False
                 intra_bw = min(intra_bw, perf.intra_bw)
                 intra_step = max(intra_step, perf.intra_step_s)
+                hbm = min(hbm, perf.hbm)
             assert slowest is not None
             works.append(slowest)
-            stage_s[i] = slowest.total
+            params_l.append(params)
+            used_l.append(used)
+            perfs_l.append(perfs)
+            opt_s = max(opt_s, params / (st.dp if zero else 1) * c.optimizer_bytes_per_param / hbm)
 
             if st.dp > 1:
                 grad = params * c.grad_bytes
@@ -315,9 +341,8 @@ class CostModel:
                 for h in host_ids[i]:
                     order[h] = order.get(h, 0) + 1
                 hosts = list(order)
-                per_host = max(order.values())
                 # Replicas sharing a host reduce over its scale-up link first.
-                dp_intra[i] = ring_allreduce_time(grad, per_host, intra_bw, intra_step)
+                dp_intra[i] = ring_allreduce_time(grad, max(order.values()), intra_bw, intra_step)
                 n = len(hosts)
                 if n > 1:
                     ring_bytes = 2.0 * (n - 1) / n * grad * st.tp
@@ -325,13 +350,12 @@ class CostModel:
                     for a, b in zip(hosts, hosts[1:] + hosts[:1]):
                         for ch in routes[a][b]:
                             dp_loads[ch] = dp_loads.get(ch, 0.0) + ring_bytes
-                        hop_lat = max(hop_lat, lat[a, b])
-                    dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + fw.step_latency_s))
+                        hop_lat = max(hop_lat, lat[a][b])
+                    dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + step))
 
             if not last:
                 nxt = plan.stages[i + 1]
                 loads: dict[int, float] = {}
-                intra_t = 0.0
                 hop_lat = 0.0
                 copies = st.tp if fw.p2p_copy_per_tp_rank else 1
                 lanes = 1 if fw.p2p_copy_per_tp_rank else min(st.tp, nxt.tp)
@@ -340,16 +364,17 @@ class CostModel:
                     vol = n_seq * act_bytes_per_seq * copies
                     if src == dst:
                         # The tp GPUs send in parallel, each over its own scale-up link.
-                        intra_t = max(intra_t, vol / (lanes * copies * intra_bw) + intra_step)
+                        b_intra[i] = max(b_intra[i], vol / (lanes * copies * intra_bw) + intra_step)
                     else:
                         for ch in routes[src][dst]:
                             loads[ch] = loads.get(ch, 0.0) + vol
-                        hop_lat = max(hop_lat, lat[src, dst])
-                inter = self._phase(loads)
+                        hop_lat = max(hop_lat, lat[src][dst])
                 if loads:
-                    inter = inter + hop_lat + fw.step_latency_s
-                # Activations forward and their gradients back: the same volumes mirrored.
-                boundary[:, i] = 2.0 * np.maximum(inter, intra_t)
+                    b_starts.append(len(b_chans))
+                    b_cols.append(i)
+                    b_chans.extend(loads)
+                    b_loads.extend(loads.values())
+                    b_lat.append(hop_lat + step)
 
         if fw.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
@@ -359,51 +384,98 @@ class CostModel:
                     for x, y in ((a, b), (b, a)):
                         for ch in routes[x][y]:
                             dp_loads[ch] = dp_loads.get(ch, 0.0) + emb
-                    dp_lat = max(dp_lat, 2.0 * (lat[a, b] + fw.step_latency_s))
+                    dp_lat = max(dp_lat, 2.0 * (lat[a][b] + step))
 
+        k = self.num_samples
+        # Activations forward and their gradients back: the same volumes mirrored.
+        boundary = np.empty((k, len(b_intra)))
+        boundary[:] = b_intra
+        boundary *= 2.0
+        if b_chans:
+            times = self.inv_bw[:, b_chans] * np.array(b_loads)
+            inter = np.maximum.reduceat(times, b_starts, axis=1) + np.array(b_lat)
+            boundary[:, b_cols] = np.maximum(boundary[:, b_cols], 2.0 * inter)
+        stage_s = np.array([w.total for w in works])
         pipe, cycle = one_f_one_b(stage_s, boundary, plan.micro_batches)
-        dp_inter = self._phase(dp_loads)
-        dp_time = max(dp_intra) + dp_inter + (dp_lat if dp_loads else 0.0)
-        total = pipe + dp_time + opt_s + fw.iteration_overhead_s
-        total = np.broadcast_to(total, (k,)).astype(float)
+        dp_time = max(dp_intra) + (self._phase(dp_loads) + dp_lat if dp_loads else 0.0)
+        total = pipe + dp_time + (opt_s + fw.iteration_overhead_s)
+        return _Core(total, feasible, works, params_l, used_l, perfs_l, host_ids, boundary,
+                     stage_s, cycle, dp_time, dp_intra, opt_s)
 
-        fill = float(stage_s.sum() + boundary.sum(axis=1).mean())
+    def iteration_times(self, plan: Plan) -> tuple[np.ndarray, bool]:
+        """Fast path for search: (iteration seconds per bandwidth sample, fits in memory).
+
+        The plan must already be valid (no validation here)."""
+        core = self._core(plan, "<plan>")
+        return core.total, core.feasible
+
+    def evaluate(self, plan: Plan, *, validate: bool = True, source: str = "<plan>",
+                 allow_empty_stages: bool = False) -> Estimate:
+        """Validate (unless told not to) and estimate a plan, with its full report."""
+        if validate:
+            validate_plan(plan, self.cluster, self.model, self.training, source=source,
+                          allow_empty_stages=allow_empty_stages)
+        core = self._core(plan, source)
+        p = plan.num_stages
+        fw = self.framework
+        model = self.model
+        total = core.total
         breakdown = {
-            "pipeline_fill": fill,
-            "pipeline_steady": float((plan.micro_batches - 1) * cycle.mean()),
-            "dp_allreduce": float(np.mean(dp_time)),
-            "optimizer": opt_s,
+            "pipeline_fill": float(core.stage_s.sum() + core.boundary.sum(axis=1).mean()),
+            "pipeline_steady": float((plan.micro_batches - 1) * core.cycle.mean()),
+            "dp_allreduce": float(np.mean(core.dp_time)),
+            "optimizer": core.opt_s,
             "fixed_overhead": fw.iteration_overhead_s,
         }
-        mean_boundary = boundary.mean(axis=0) if p > 1 else np.zeros(0)
-        stages = tuple(
-            StageCost(
+        mean_boundary = core.boundary.mean(axis=0)
+        memories = []
+        stages = []
+        for i, st in enumerate(plan.stages):
+            reps = [ReplicaMemory(i, r.host, r.gpus, perf.name, core.used[i], perf.usable_bytes,
+                                  self.cluster.hosts[h].gpu.memory_bytes)
+                    for r, h, perf in zip(st.replicas, core.host_ids[i], core.perfs[i])]
+            memories.extend(reps)
+            stages.append(StageCost(
                 index=i, layers=st.layers, tp=st.tp, dp=st.dp,
-                gpu_types=tuple(dict.fromkeys(m.gpu_type for m in memories if m.stage == i)),
+                gpu_types=tuple(dict.fromkeys(m.gpu_type for m in reps)),
                 hosts=tuple(dict.fromkeys(r.host for r in st.replicas)),
-                work=works[i],
+                work=core.works[i],
                 p2p_in_s=float(mean_boundary[i - 1]) if i > 0 else 0.0,
                 p2p_out_s=float(mean_boundary[i]) if i < p - 1 else 0.0,
-                dp_intra_s=dp_intra[i],
-                params_per_gpu=stage_params_per_gpu(model, st.layers, st.tp, i == 0, i == p - 1),
-                memory_bytes=max(m.used_bytes for m in memories if m.stage == i),
-                usable_bytes=min(m.usable_bytes for m in memories if m.stage == i),
-            )
-            for i, st in enumerate(plan.stages))
+                dp_intra_s=core.dp_intra[i], params_per_gpu=core.params[i],
+                memory_bytes=core.used[i], usable_bytes=min(m.usable_bytes for m in reps)))
         overflow = tuple(
             f"stage {m.stage} on {m.host} ({m.gpu_type}) needs {m.used_bytes / GIB:.2f} GiB per "
             f"GPU of {m.usable_bytes / GIB:.2f} GiB usable (over by "
             f"{(m.used_bytes - m.usable_bytes) / GIB:.2f} GiB)"
             for m in memories if not m.fits)
-        tokens = self.training.global_batch * s
-        flops_per_token = 3.0 * (model.layers * model.layer_fwd_flops_per_token(s)
+        tokens = self.training.global_batch * self.seq_len
+        flops_per_token = 3.0 * (model.layers * model.layer_fwd_flops_per_token(self.seq_len)
                                  + model.head_fwd_flops_per_token)
-        peak = sum(self._perf[h].peak_flops * st.tp  # type: ignore[union-attr]
-                   for st, hs in zip(plan.stages, host_ids) for h in hs)
-        return Estimate(plan=plan, iter_time=total, feasible=not overflow, stages=stages,
-                        memory=tuple(memories), breakdown=breakdown, overflow=overflow,
-                        tokens_per_iter=tokens, model_flops_per_iter=flops_per_token * tokens,
-                        peak_flops=peak, samples=k)
+        peak = sum(perf.peak_flops * st.tp
+                   for st, perfs in zip(plan.stages, core.perfs) for perf in perfs)
+        return Estimate(plan=plan, iter_time=np.broadcast_to(total, (self.num_samples,)).copy(),
+                        feasible=not overflow, stages=tuple(stages), memory=tuple(memories),
+                        breakdown=breakdown, overflow=overflow, tokens_per_iter=tokens,
+                        model_flops_per_iter=flops_per_token * tokens, peak_flops=peak,
+                        samples=self.num_samples)
+
+
+@dataclass(frozen=True)
+class _Core:
+    total: np.ndarray
+    feasible: bool
+    works: list[StageWork]
+    params: list[float]
+    used: list[float]
+    perfs: list[list[GpuPerf]]
+    host_ids: list[list[int]]
+    boundary: np.ndarray
+    stage_s: np.ndarray
+    cycle: np.ndarray
+    dp_time: np.ndarray | float
+    dp_intra: list[float]
+    opt_s: float
 
 
 def estimate(cluster: Cluster, model: ModelSpec, training: TrainingSpec, plan: Plan, *,

@@ -7,6 +7,7 @@ attention (``kv_heads < heads``) and gated (SwiGLU) MLPs, as in Llama.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,45 +32,45 @@ class ModelSpec:
     tied_embeddings: bool = True
     bias: bool = True
 
-    @property
+    @cached_property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def gated(self) -> bool:
         return self.mlp == "swiglu"
 
-    @property
+    @cached_property
     def matmul_params_per_layer(self) -> int:
         h, f = self.hidden, self.ffn_hidden
         return h * (h + 2 * self.kv_dim) + h * h + (3 if self.gated else 2) * h * f
 
-    @property
+    @cached_property
     def params_per_layer(self) -> int:
         h, f = self.hidden, self.ffn_hidden
         bias = (h + 2 * self.kv_dim) + h + (2 if self.gated else 1) * f + h if self.bias else 0
         norms = 2 * (2 * h if self.norm == "layernorm" else h)
         return self.matmul_params_per_layer + bias + norms
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         pos = self.seq_len * self.hidden if self.position == "learned" else 0
         return self.vocab * self.hidden + pos
 
-    @property
+    @cached_property
     def head_params(self) -> int:
         """LM head weights (a separate copy on the last stage even when tied, as Megatron)."""
         return self.vocab * self.hidden
 
-    @property
+    @cached_property
     def final_norm_params(self) -> int:
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         head = 0 if self.tied_embeddings else self.head_params
         return (self.layers * self.params_per_layer + self.embedding_params + head
@@ -80,7 +81,7 @@ class ModelSpec:
         s = seq_len or self.seq_len
         return 2.0 * self.matmul_params_per_layer + 4.0 * s * self.hidden
 
-    @property
+    @cached_property
     def head_fwd_flops_per_token(self) -> float:
         return 2.0 * self.hidden * self.vocab
 

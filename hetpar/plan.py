@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetpar.configio import Reader, load_document
-from hetpar.errors import PlanError
+from hetpar.errors import ConfigError, PlanError
 from hetpar.workload.training import RECOMPUTE_MODES
 
 if TYPE_CHECKING:
@@ -64,6 +64,15 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Any, source: str = "<plan>") -> Plan:
         """Parse a plan document; structural problems raise PlanError naming the field."""
+        try:
+            return cls._parse(data, source)
+        except PlanError:
+            raise
+        except ConfigError as exc:
+            raise PlanError(exc.source, exc.field, exc.problem) from None
+
+    @classmethod
+    def _parse(cls, data: Any, source: str) -> Plan:
         r = Reader.of(data, source)
         unknown = set(r.data) - {"version", "micro_batches", "recompute", "zero", "stages",
                                  "meta"}
@@ -107,7 +116,11 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_dict(load_document(path), str(path))
+        try:
+            data = load_document(path)
+        except ConfigError as exc:
+            raise PlanError(exc.source, exc.field, exc.problem) from None
+        return cls.from_dict(data, str(path))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -67,6 +67,7 @@ class Cluster:
     description: str = ""
     routes: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), repr=False)
     route_latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+    route_latency: tuple[tuple[float, ...], ...] = field(default=(), repr=False)  # as lists
     host_index: Mapping[str, int] = field(default_factory=dict, repr=False)
     graph: nx.Graph = field(default_factory=nx.Graph, repr=False)
 
@@ -286,6 +287,7 @@ def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = Non
         description=root.str("description", ""),
         routes=tuple(tuple(r) for r in routes),
         route_latency_s=latency,
+        route_latency=tuple(tuple(row) for row in latency.tolist()),
         host_index=index,
         graph=graph,
     )

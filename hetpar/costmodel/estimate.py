@@ -211,7 +211,6 @@ class CostModel:
         self._work_cache: dict[tuple, StageWork] = {}
         self._overlap_cache: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
         self._memory_cache: dict[tuple, tuple[float, float]] = {}
-        self._latency: list[list[float]] = cluster.route_latency_s.tolist()
 
     # ---- helpers ---------------------------------------------------------------------
     def _host_perf(self, host_idx: int, source: str, where: str) -> GpuPerf:
@@ -279,7 +278,7 @@ class CostModel:
         model = self.model
         index = self.cluster.host_index
         routes = self.cluster.routes
-        lat = self._latency
+        lat = self.cluster.route_latency
         mb = self.training.global_batch // plan.micro_batches
         p = plan.num_stages
         zero = plan.zero == 1

@@ -5,11 +5,12 @@ GPT-2 runs (T4). The ``het_cluster`` rows are never read here: they are the held
 judge of ``hetpar validate``.
 
 Time constants minimise the squared log error of predicted vs measured iteration
-time (each data set weighted equally). Memory constants are then chosen on a grid to
-predict the failed (out-of-memory) homogeneous runs infeasible while predicting as few
-finished runs infeasible as possible (a false alarm weighs half a missed failure). GPU types with no calibration data use the ``default``
-figures, set to the fitted A100 ones: a data-centre GPU under Megatron-LM, the best
-prior available without measurements.
+time (each data set weighted equally). Memory constants are then chosen on a grid: no
+homogeneous run that finished may be predicted infeasible (it proves its plan fits),
+and within that as many failed runs as possible are (a failure may have had another
+cause), with the widest margin between the two. GPU types with no calibration data use
+the ``default`` figures, set to the fitted A100 ones: a data-centre GPU under
+Megatron-LM, the best prior available without measurements.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from scipy.optimize import least_squares
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants
 from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
 from hetpar.costmodel.estimate import CostModel
-from hetpar.fidelity.report import predict
+from hetpar.fidelity.report import predict, predicted_time
 
 __all__ = ["Parameter", "TIME_PARAMETERS", "fit_constants", "calibration_runs"]
 
@@ -104,7 +105,7 @@ def _time_residuals(c: CostConstants, runs: Sequence[Run]) -> np.ndarray:
     for run in runs:
         if not math.isfinite(run.measured_s):
             continue
-        pred = predict(run, c).predicted_s
+        pred = predicted_time(run, c)
         by_set.setdefault(run.experiment, []).append(math.log(pred / run.measured_s))
     # Equal weight per data set, whatever its number of rows.
     return np.concatenate([np.array(v) / math.sqrt(len(v)) for v in by_set.values()])
@@ -112,10 +113,9 @@ def _time_residuals(c: CostConstants, runs: Sequence[Run]) -> np.ndarray:
 
 def _memory_terms(c: CostConstants, runs: Sequence[Run]) -> list[tuple[bool, list[np.ndarray]]]:
     """Per run (did it finish?) and per candidate plan, each replica's memory as
-    ``used = base + optimizer_bytes * per_optim + logits_bytes * per_logit`` against
-    ``usable + reserve``: the memory model is linear in the three fitted constants."""
-    probes = [c.with_framework(MDS, optimizer_bytes=o, logits_bytes_per_value=lg,
-                               reserve_bytes=0.0)
+    ``used = base + optimizer_bytes * per_optim + logits_bytes * per_logit`` against its
+    device memory: the memory model is linear in the fitted constants."""
+    probes = [c.with_framework(MDS, optimizer_bytes=o, logits_bytes_per_value=lg)
               for o, lg in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))]
     out = []
     for run in runs:
@@ -126,24 +126,31 @@ def _memory_terms(c: CostConstants, runs: Sequence[Run]) -> list[tuple[bool, lis
                 cm = CostModel(run.cluster, run.model, run.training, constants=probe, samples=0)
                 est = cm.evaluate(plan, allow_empty_stages=True)
                 used.append(np.array([m.used_bytes for m in est.memory]))
-                usable = np.array([m.usable_bytes for m in est.memory])
+            capacity = np.array([m.capacity_bytes for m in est.memory])
             base, with_o, with_l = used
-            per_plan.append(np.stack([base, with_o - base, with_l - base, usable]))
+            per_plan.append(np.stack([base, with_o - base, with_l - base, capacity]))
         out.append((math.isfinite(run.measured_s), per_plan))
     return out
 
 
-def _memory_score(terms: list[tuple[bool, list[np.ndarray]]], reserve: float, logits: float,
-                  optim: float) -> tuple[int, int]:
+def _memory_score(terms: list[tuple[bool, list[np.ndarray]]], reserve: float, frag: float,
+                  logits: float, optim: float) -> tuple[int, int, float]:
+    """(failed runs predicted infeasible, finished runs predicted infeasible, margin): the
+    margin is the smallest distance (bytes) of any finished run or caught failure from the
+    memory limit, as in a max-margin classifier."""
     caught = wrong = 0
+    margin = math.inf
     for finished, plans in terms:
-        fits = any(bool(np.all(t[0] + optim * t[1] + logits * t[2] <= t[3] - reserve))
-                   for t in plans)
+        # A run fits if its best candidate plan does; its headroom is that plan's smallest.
+        headroom = max(float(np.min(t[3] * (1.0 - frag) - reserve
+                                    - (t[0] + optim * t[1] + logits * t[2]))) for t in plans)
         if finished:
-            wrong += not fits
-        else:
-            caught += not fits
-    return caught, wrong
+            wrong += headroom < 0
+        elif headroom < 0:
+            caught += 1
+        if finished or headroom < 0:
+            margin = min(margin, abs(headroom))
+    return caught, wrong, margin
 
 
 def fit_constants(base: CostConstants | None = None,
@@ -171,37 +178,37 @@ def fit_constants(base: CostConstants | None = None,
             return _time_residuals(_apply(start, params, z * scale), runs)
 
         fit = least_squares(residuals, x0 / scale, bounds=(lo / scale, hi / scale),
-                            diff_step=1e-3, max_nfev=400)
+                            diff_step=1e-3, xtol=1e-6, ftol=1e-6, max_nfev=400)
         fits.append((fit.cost, start, fit.x * scale))
     cost, start, values = min(fits, key=lambda f: f[0])
     fitted = _apply(start, params, values)
     fitted = replace(fitted, gpu={**fitted.gpu, "default": fitted.gpu[A100]})
     mds_runs = [r for r in runs if r.training.framework == MDS]
 
-    # Memory: the most failed runs caught with no finished run predicted infeasible;
-    # ties go to the smallest reserve (the least pessimistic model).
+    # Memory: a finished run proves its plan fits, while a failed run may have failed for
+    # another reason, so no finished run may be predicted infeasible; within that, catch
+    # the most failures, and among equals keep the constants with the widest margin.
     terms = _memory_terms(fitted, mds_runs)
     best = None
-    for reserve, logits, optim in itertools.product(
-            np.arange(0.0, 6.01, 0.25), (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0),
-            (12.0, 16.0, 20.0, 24.0)):
-        caught, wrong = _memory_score(terms, reserve * 2**30, logits, optim)
-        # A missed out-of-memory failure crashes a job; a false alarm only drops one plan
-        # from the search, so it counts half. Ties go to the least pessimistic constants.
-        key = (caught - 0.5 * wrong, -wrong, -reserve, -optim, -logits)
+    for reserve, frag, logits, optim in itertools.product(
+            np.arange(0.0, 3.01, 0.125), (0.0, 0.02, 0.05, 0.1),
+            (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0), (12.0, 16.0, 20.0, 24.0)):
+        caught, wrong, margin = _memory_score(terms, reserve * 2**30, frag, logits, optim)
+        key = (wrong == 0, caught, margin)
         if best is None or key > best[0]:
-            best = (key, float(reserve), logits, optim)
+            best = (key, float(reserve), frag, logits, optim)
     assert best is not None
-    fitted = fitted.with_framework(MDS, reserve_bytes=best[1] * 2**30,
-                                   logits_bytes_per_value=best[2], optimizer_bytes=best[3])
+    fitted = fitted.with_framework(MDS, reserve_bytes=best[1] * 2**30, fragmentation=best[2],
+                                   logits_bytes_per_value=best[3], optimizer_bytes=best[4])
     # Every Megatron-LM run finished: its memory constants must predict them all to fit.
     for run in runs:
         if run.training.framework == MLM:
             assert predict(run, fitted).feasible, f"{run.row_id} predicted out of memory"
     report = {p.name: float(v) for p, v in zip(params, values)}
     report[f"{MDS} reserve (GiB)"] = best[1]
-    report[f"{MDS} logits bytes per value"] = best[2]
-    report[f"{MDS} optimizer bytes per param"] = best[3]
+    report[f"{MDS} fragmentation"] = best[2]
+    report[f"{MDS} logits bytes per value"] = best[3]
+    report[f"{MDS} optimizer bytes per param"] = best[4]
     report[f"{MDS} p2p copy per tp rank"] = float(start.framework(MDS).p2p_copy_per_tp_rank)
     report[f"{MDS} tied embedding sync"] = float(start.framework(MDS).tied_embedding_sync)
     report["time fit cost"] = float(cost)

@@ -22,7 +22,7 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel, Estimate
 from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
 
-__all__ = ["RunResult", "ExperimentReport", "predict", "calibration_report",
+__all__ = ["RunResult", "ExperimentReport", "predict", "predicted_time", "calibration_report",
            "validation_report"]
 
 
@@ -37,6 +37,16 @@ class RunResult:
     @property
     def error(self) -> float:
         return self.predicted_s / self.measured_s - 1.0
+
+
+def predicted_time(run: Run, constants: CostConstants) -> float:
+    """The fast path of ``predict``: the predicted iteration time only."""
+    cm = CostModel(run.cluster, run.model, run.training, constants=constants, samples=0)
+    best = (False, -math.inf)
+    for plan in run.plans:
+        times, fits = cm.iteration_times(plan)
+        best = max(best, (fits, -float(times[0])))
+    return -best[1]
 
 
 def predict(run: Run, constants: CostConstants) -> RunResult:

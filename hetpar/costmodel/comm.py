@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ring_allreduce_time", "channel_phase_time", "sequence_overlaps"]
+__all__ = ["ring_allreduce_time", "channel_phase_time", "colocated_transfers"]
 
 
 def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_s: float) -> float:
@@ -29,19 +29,28 @@ def channel_phase_time(channels: np.ndarray, loads: np.ndarray, inv_bw: np.ndarr
     return (inv_bw[:, channels] * loads).max(axis=1)
 
 
-def sequence_overlaps(src_parts: int, dst_parts: int, total: int) -> list[tuple[int, int, int]]:
-    """(src replica, dst replica, sequences) for handing ``total`` sequences split evenly over
-    ``src_parts`` replicas to ``dst_parts`` replicas (contiguous ranges, as data loaders do)."""
-    a, b = total // src_parts, total // dst_parts
+def colocated_transfers(src: dict[int, float], dst: dict[int, float],
+                        ) -> list[tuple[int, int, float]]:
+    """How a stage hands data to the next: (src host, dst host, fraction of the total).
+
+    ``src`` and ``dst`` give each host's share of the sender and receiver replicas (each
+    summing to 1). Data-parallel ranks are numbered so that as much as possible stays on
+    its host; what must cross hosts goes from surplus to deficit hosts in proportion. The
+    result depends only on how many replicas each host holds, not on their order.
+    """
     out = []
-    i = j = 0
-    lo = 0
-    while lo < total:
-        hi = min((i + 1) * a, (j + 1) * b)
-        out.append((i, j, hi - lo))
-        lo = hi
-        if lo == (i + 1) * a:
-            i += 1
-        if lo == (j + 1) * b:
-            j += 1
+    surplus: dict[int, float] = {}
+    deficit: dict[int, float] = {}
+    for h in src.keys() | dst.keys():
+        a, b = src.get(h, 0.0), dst.get(h, 0.0)
+        if min(a, b) > 0:
+            out.append((h, h, min(a, b)))
+        if a > b:
+            surplus[h] = a - b
+        elif b > a:
+            deficit[h] = b - a
+    total = sum(surplus.values())
+    for h, s in sorted(surplus.items()):
+        for g, d in sorted(deficit.items()):
+            out.append((h, g, s * d / total))
     return out

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from hetpar.cluster.topology import Cluster
-from hetpar.costmodel.comm import ring_allreduce_time, sequence_overlaps
+from hetpar.costmodel.comm import colocated_transfers, ring_allreduce_time
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
 from hetpar.costmodel.constants import CostConstants, load_constants
 from hetpar.costmodel.memory import (in_flight, layer_activation_bytes, logits_bytes,
@@ -209,7 +209,7 @@ class CostModel:
                     by_kind[key] = None  # reported if a plan uses this host
             self._perf.append(by_kind[key])
         self._work_cache: dict[tuple, StageWork] = {}
-        self._overlap_cache: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+        self._transfer_cache: dict[tuple, list[tuple[int, int, float]]] = {}
         self._memory_cache: dict[tuple, tuple[float, float]] = {}
 
     # ---- helpers ---------------------------------------------------------------------
@@ -232,11 +232,18 @@ class CostModel:
             self._work_cache[key] = work
         return work
 
-    def _overlaps(self, a: int, b: int, total: int) -> list[tuple[int, int, int]]:
-        key = (a, b, total)
-        out = self._overlap_cache.get(key)
+    def _transfers(self, src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int, float]]:
+        """``colocated_transfers`` between two replica host lists, memoised."""
+        key = (src, dst)
+        out = self._transfer_cache.get(key)
         if out is None:
-            out = self._overlap_cache[key] = sequence_overlaps(a, b, total)
+            a: dict[int, float] = {}
+            b: dict[int, float] = {}
+            for h in src:
+                a[h] = a.get(h, 0.0) + 1.0 / len(src)
+            for h in dst:
+                b[h] = b.get(h, 0.0) + 1.0 / len(dst)
+            out = self._transfer_cache[key] = colocated_transfers(a, b)
         return out
 
     def _phase(self, loads: dict[int, float]) -> np.ndarray | float:
@@ -285,7 +292,7 @@ class CostModel:
         act_bytes_per_seq = self.seq_len * model.hidden * 2.0
         step = fw.step_latency_s
 
-        host_ids = [[index[r.host] for r in st.replicas] for st in plan.stages]
+        host_ids = [tuple(index[r.host] for r in st.replicas) for st in plan.stages]
         works: list[StageWork] = []
         params_l: list[float] = []
         used_l: list[float] = []
@@ -358,9 +365,8 @@ class CostModel:
                 hop_lat = 0.0
                 copies = st.tp if fw.p2p_copy_per_tp_rank else 1
                 lanes = 1 if fw.p2p_copy_per_tp_rank else min(st.tp, nxt.tp)
-                for a, b, n_seq in self._overlaps(st.dp, nxt.dp, mb):
-                    src, dst = host_ids[i][a], host_ids[i + 1][b]
-                    vol = n_seq * act_bytes_per_seq * copies
+                for src, dst, share in self._transfers(host_ids[i], host_ids[i + 1]):
+                    vol = share * mb * act_bytes_per_seq * copies
                     if src == dst:
                         # The tp GPUs send in parallel, each over its own scale-up link.
                         b_intra[i] = max(b_intra[i], vol / (lanes * copies * intra_bw) + intra_step)
@@ -377,12 +383,14 @@ class CostModel:
 
         if fw.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
-            emb = model.vocab * model.hidden * c.grad_bytes
-            for a, b in zip(host_ids[0], host_ids[-1]):
+            # Replica pairs (first, last) exchange the gradient both ways.
+            emb = model.vocab * model.hidden * c.grad_bytes * min(len(host_ids[0]),
+                                                                  len(host_ids[-1]))
+            for a, b, share in self._transfers(host_ids[0], host_ids[-1]):
                 if a != b:
                     for x, y in ((a, b), (b, a)):
                         for ch in routes[x][y]:
-                            dp_loads[ch] = dp_loads.get(ch, 0.0) + emb
+                            dp_loads[ch] = dp_loads.get(ch, 0.0) + share * emb
                     dp_lat = max(dp_lat, 2.0 * (lat[a][b] + step))
 
         k = self.num_samples

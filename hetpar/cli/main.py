@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from hetpar import __version__
-from hetpar.errors import ConfigError, HetparError
+from hetpar.errors import ConfigError, HetparError, InfeasibleError
 
 __all__ = ["main", "build_parser"]
 
@@ -24,6 +24,9 @@ examples:
   hetpar estimate --cluster amp-het-16 --model gpt2-medium --plan configs/plans/amp-het-16-gpt2.json
   hetpar estimate --cluster my_cluster.yaml --model llama2-7b --training my_training.yaml \\
                   --plan plan.json --samples 64 --objective cvar0.9 --json
+  hetpar solve --cluster amp-het-16 --model gpt2-medium --workers 2 --out plan.json
+  hetpar solve --cluster cloud-mixed --model llama2-7b --training llama-bf16 \
+               --method metis --objective cvar0.9
   hetpar validate            # fidelity of the cost model on the bundled reference runs
   hetpar list models         # bundled clusters, models, training specs and GPU types
 """
@@ -54,6 +57,31 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default mean")
     est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     est.set_defaults(func=_cmd_estimate)
+
+    sol = sub.add_parser(
+        "solve", help="search a plan: exact branch and bound, or a baseline",
+        description="Find a plan for the cluster, model and training spec. 'exact' proves the "
+                    "optimum over the plan space (with --time-limit it returns the best plan "
+                    "found, a proven lower bound and the gap); 'megatron', 'metis' and 'random' "
+                    "are the baselines users would otherwise pick; 'brute' enumerates tiny "
+                    "instances.")
+    _add_instance_args(sol)
+    sol.add_argument("--method", default="exact", choices=("exact", "megatron", "metis",
+                                                           "random", "brute"))
+    sol.add_argument("--objective", default="mean", metavar="OBJ",
+                     help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default mean")
+    sol.add_argument("--workers", type=int, default=1, metavar="N",
+                     help="worker processes for the exact search (default 1)")
+    sol.add_argument("--time-limit", type=float, default=None, metavar="S",
+                     help="stop the exact search after S seconds (anytime)")
+    sol.add_argument("--samples", type=int, default=32, metavar="K",
+                     help="bandwidth states the objective is computed over (default 32)")
+    sol.add_argument("--seed", type=int, default=0, help="seed of sampling and baselines")
+    sol.add_argument("--budget", type=int, default=200,
+                     help="plans the random baseline may score (default 200)")
+    sol.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
+    sol.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    sol.set_defaults(func=_cmd_solve)
 
     val = sub.add_parser(
         "validate", help="report the cost model's fidelity on the bundled reference runs",
@@ -123,6 +151,72 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
         return 0
     from hetpar.cli.render import render_estimate
     render_estimate(console, est, cluster, cm.model, objective.name, value)
+    return 0
+
+
+def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.cluster.topology import load_cluster
+    from hetpar.costmodel.constants import load_constants
+    from hetpar.costmodel.objective import Objective
+    from hetpar.solvers.api import Progress, solve
+    from hetpar.workload.model import load_model
+    from hetpar.workload.training import load_training
+
+    objective = Objective.parse(args.objective)
+    if args.workers < 1:
+        raise ConfigError("--workers", "", f"must be at least 1, got {args.workers}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
+    if args.samples < 1:
+        raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
+    cluster = load_cluster(args.cluster, gpu_catalogs=args.gpus)
+    model = load_model(args.model)
+    training = load_training(args.training)
+    constants = load_constants(args.calibration)
+    out = Path(args.out) if args.out else None
+    if out is not None and not out.parent.exists():
+        raise ConfigError(str(out), "", "its folder does not exist")
+
+    from rich.live import Live
+    from rich.text import Text
+
+    def line(p: Progress) -> Text:
+        inc = "none yet" if p.incumbent == float("inf") else f"{p.incumbent:.4f} s"
+        return Text(f"exact search: {p.tasks_done}/{p.tasks} subtrees, {p.nodes:,} nodes, "
+                    f"incumbent {inc}, {p.elapsed_s:.1f} s")
+
+    live = None
+    if not args.json and args.method == "exact" and console.is_terminal:
+        live = Live(Text("exact search: starting"), console=console, refresh_per_second=4,
+                    transient=True)
+        live.start()
+    try:
+        solution = solve(cluster, model, training, method=args.method, objective=objective,
+                         workers=args.workers, time_limit=args.time_limit, seed=args.seed,
+                         samples=args.samples, constants=constants, budget=args.budget,
+                         progress=(lambda p: live.update(line(p))) if live else None)
+    finally:
+        if live is not None:
+            live.stop()
+    cert = solution.certificate
+    if solution.plan is None:
+        why = ("the time limit passed before any plan that fits was found"
+               if cert is not None and cert.stopped else "no plan that fits was found")
+        raise InfeasibleError(f"{args.method}: {why}")
+    if out is not None:
+        try:
+            solution.plan.save(out)
+        except OSError as exc:
+            raise ConfigError(str(out), "", f"cannot write: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps(solution.to_dict(), allow_nan=True))
+        return 0
+    from hetpar.cli.render import render_estimate, render_solution
+    render_estimate(console, solution.estimate, cluster, model.with_seq_len(training.seq_len),
+                    objective.name, solution.value)
+    render_solution(console, solution)
+    if out is not None:
+        console.print(f"plan written to {out} (check it with: hetpar estimate --plan {out} ...)")
     return 0
 
 

@@ -11,9 +11,10 @@ from rich.table import Table
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import GIB, Estimate
 from hetpar.fidelity.report import ExperimentReport
+from hetpar.solvers.solution import Solution
 from hetpar.workload.model import ModelSpec
 
-__all__ = ["render_estimate", "render_calibration", "render_validation"]
+__all__ = ["render_estimate", "render_solution", "render_calibration", "render_validation"]
 
 
 def _ms(seconds: float) -> str:
@@ -125,3 +126,19 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
     console.print(f"failed runs predicted infeasible: [bold]{rep.failed_caught}[/] of "
                   f"{len(rep.failed)}; finished runs predicted infeasible: "
                   f"[bold]{rep.false_infeasible}[/]")
+
+
+def render_solution(console: Console, sol: Solution) -> None:
+    console.print(f"[bold]{sol.method}[/]: objective {sol.objective} = {sol.value:.4f} s, "
+                  f"{sol.evaluations:,} plans scored in {sol.wall_s:.2f} s")
+    cert = sol.certificate
+    if cert is None:
+        return
+    status = ("[green]proven optimal[/]" if cert.optimal else
+              f"[yellow]stopped ({cert.stopped})[/]: proven lower bound "
+              f"{cert.lower_bound:.4f} s, gap {sol.gap:.1%}")
+    size = f"{cert.space_size:.3g}" + ("" if cert.space_size_exact else " (estimated)")
+    console.print(f"{status}; {cert.nodes:,} nodes, {cert.leaves:,} full evaluations; pruned "
+                  f"{cert.pruned_bound:,} by bound, {cert.pruned_memory:,} by memory, "
+                  f"{cert.pruned_symmetry:,} by symmetry; space {size} plans, "
+                  f"{cert.pruned_fraction:.6%} never evaluated; {cert.workers} worker(s)")

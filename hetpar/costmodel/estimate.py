@@ -211,6 +211,7 @@ class CostModel:
         self._work_cache: dict[tuple, StageWork] = {}
         self._transfer_cache: dict[tuple, list[tuple[int, int, float]]] = {}
         self._memory_cache: dict[tuple, tuple[float, float]] = {}
+        self._flow_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
 
     # ---- helpers ---------------------------------------------------------------------
     def _host_perf(self, host_idx: int, source: str, where: str) -> GpuPerf:
@@ -221,8 +222,13 @@ class CostModel:
                                            f"lacks {self.training.precision} support")
         return perf
 
-    def _work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
-              last: bool, recompute: str) -> StageWork:
+    def host_perf(self, host: int) -> GpuPerf | None:
+        """Effective rates of a host's GPUs (None if they lack the training precision)."""
+        return self._perf[host]
+
+    def stage_work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
+                   last: bool, recompute: str) -> StageWork:
+        """Per micro-batch work of one replica (memoised; ``perf`` from ``host_perf``)."""
         key = (id(perf), seqs, tp, layers, first, last, recompute)  # perfs live as long as self
         work = self._work_cache.get(key)
         if work is None:
@@ -254,12 +260,42 @@ class CostModel:
         vols = np.fromiter(loads.values(), dtype=float, count=len(loads))
         return (self.inv_bw[:, chans] * vols).max(axis=1)
 
-    def _stage_memory(self, layers: int, tp: int, dp: int, seqs: float, stage: int, p: int,
-                      micro_batches: int, recompute: str, zero: bool) -> tuple[float, float]:
-        """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica."""
-        first, last = stage == 0, stage == p - 1
-        key = (layers, tp, dp, seqs, first, last, in_flight(stage, p, micro_batches), recompute,
-               zero)
+    def boundary_flows(self, src: tuple[int, ...], dst: tuple[int, ...], tp_src: int,
+                       tp_dst: int, mb: int, intra_bw: float, intra_step: float,
+                       ) -> tuple[dict[int, float], float, float]:
+        """One micro-batch's activations from a stage's replicas (hosts ``src``) to the
+        next's: (bytes per directed channel, seconds of the intra-host part, latency of
+        the inter-host part). Memoised: it depends on the plan only through these."""
+        key = (src, dst, tp_src, tp_dst, mb, intra_bw, intra_step)
+        hit = self._flow_cache.get(key)
+        if hit is not None:
+            return hit
+        fw = self.framework
+        routes, lat = self.cluster.routes, self.cluster.route_latency
+        per_seq = self.seq_len * self.model.hidden * 2.0
+        copies = tp_src if fw.p2p_copy_per_tp_rank else 1
+        lanes = 1 if fw.p2p_copy_per_tp_rank else min(tp_src, tp_dst)
+        loads: dict[int, float] = {}
+        intra_t = hop_lat = 0.0
+        for a, b, share in self._transfers(src, dst):
+            vol = share * mb * per_seq * copies
+            if a == b:
+                # The tp GPUs send in parallel, each over its own scale-up link.
+                intra_t = max(intra_t, vol / (lanes * copies * intra_bw) + intra_step)
+            else:
+                for ch in routes[a][b]:
+                    loads[ch] = loads.get(ch, 0.0) + vol
+                hop_lat = max(hop_lat, lat[a][b])
+        out = (loads, intra_t, hop_lat + fw.step_latency_s if loads else 0.0)
+        self._flow_cache[key] = out
+        return out
+
+    def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: int,
+                     first: bool, last: bool, recompute: str, zero: bool) -> tuple[float, float]:
+        """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica.
+
+        ``inflight`` is how many micro-batches' activations it holds at once under 1F1B."""
+        key = (layers, tp, dp, seqs, first, last, inflight, recompute, zero)
         hit = self._memory_cache.get(key)
         if hit is not None:
             return hit
@@ -268,8 +304,7 @@ class CostModel:
         params = stage_params_per_gpu(model, layers, tp, first, last)
         states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
             dp if zero else 1)
-        act = layers * layer_activation_bytes(model, seqs, s, tp, recompute, flash)
-        act *= in_flight(stage, p, micro_batches)
+        act = layers * layer_activation_bytes(model, seqs, s, tp, recompute, flash) * inflight
         if recompute == "full" and layers:
             # Recomputing a layer materialises its full activations once more.
             act += layer_activation_bytes(model, seqs, s, tp, "none", flash)
@@ -278,7 +313,7 @@ class CostModel:
         out = self._memory_cache[key] = (params, states + act)
         return out
 
-    def _core(self, plan: Plan, source: str) -> _Core:
+    def core(self, plan: Plan, source: str = "<plan>") -> _Core:
         """The whole model for one plan, without building the report objects."""
         c = self.constants
         fw = self.framework
@@ -289,7 +324,6 @@ class CostModel:
         mb = self.training.global_batch // plan.micro_batches
         p = plan.num_stages
         zero = plan.zero == 1
-        act_bytes_per_seq = self.seq_len * model.hidden * 2.0
         step = fw.step_latency_s
 
         host_ids = [tuple(index[r.host] for r in st.replicas) for st in plan.stages]
@@ -313,8 +347,9 @@ class CostModel:
         for i, st in enumerate(plan.stages):
             first, last = i == 0, i == p - 1
             seqs = mb / st.dp
-            params, used = self._stage_memory(st.layers, st.tp, st.dp, seqs, i, p,
-                                              plan.micro_batches, plan.recompute, zero)
+            params, used = self.stage_memory(st.layers, st.tp, st.dp, seqs,
+                                             in_flight(i, p, plan.micro_batches), first, last,
+                                             plan.recompute, zero)
             perfs = [self._perf[h] for h in host_ids[i]]
             # Identical hosts share one GpuPerf object: cost each kind of replica once.
             kinds = {id(perf): perf for perf in perfs}
@@ -326,7 +361,7 @@ class CostModel:
             intra_step = 0.0
             hbm = float("inf")
             for perf in kinds.values():
-                work = self._work(perf, seqs, st.tp, st.layers, first, last, plan.recompute)
+                work = self.stage_work(perf, seqs, st.tp, st.layers, first, last, plan.recompute)
                 if slowest is None or work.total > slowest.total:
                     slowest = work
                 if used > perf.usable_bytes:
@@ -360,26 +395,15 @@ class CostModel:
                     dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + step))
 
             if not last:
-                nxt = plan.stages[i + 1]
-                loads: dict[int, float] = {}
-                hop_lat = 0.0
-                copies = st.tp if fw.p2p_copy_per_tp_rank else 1
-                lanes = 1 if fw.p2p_copy_per_tp_rank else min(st.tp, nxt.tp)
-                for src, dst, share in self._transfers(host_ids[i], host_ids[i + 1]):
-                    vol = share * mb * act_bytes_per_seq * copies
-                    if src == dst:
-                        # The tp GPUs send in parallel, each over its own scale-up link.
-                        b_intra[i] = max(b_intra[i], vol / (lanes * copies * intra_bw) + intra_step)
-                    else:
-                        for ch in routes[src][dst]:
-                            loads[ch] = loads.get(ch, 0.0) + vol
-                        hop_lat = max(hop_lat, lat[src][dst])
+                loads, b_intra[i], hop_lat = self.boundary_flows(
+                    host_ids[i], host_ids[i + 1], st.tp, plan.stages[i + 1].tp, mb, intra_bw,
+                    intra_step)
                 if loads:
                     b_starts.append(len(b_chans))
                     b_cols.append(i)
                     b_chans.extend(loads)
                     b_loads.extend(loads.values())
-                    b_lat.append(hop_lat + step)
+                    b_lat.append(hop_lat)
 
         if fw.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
@@ -413,7 +437,7 @@ class CostModel:
         """Fast path for search: (iteration seconds per bandwidth sample, fits in memory).
 
         The plan must already be valid (no validation here)."""
-        core = self._core(plan, "<plan>")
+        core = self.core(plan, "<plan>")
         return core.total, core.feasible
 
     def evaluate(self, plan: Plan, *, validate: bool = True, source: str = "<plan>",
@@ -422,7 +446,7 @@ class CostModel:
         if validate:
             validate_plan(plan, self.cluster, self.model, self.training, source=source,
                           allow_empty_stages=allow_empty_stages)
-        core = self._core(plan, source)
+        core = self.core(plan, source)
         p = plan.num_stages
         fw = self.framework
         model = self.model

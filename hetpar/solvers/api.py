@@ -1,0 +1,160 @@
+"""``hetpar.solvers.solve``: one entry point for every search method."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hetpar.cluster.topology import Cluster
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.estimate import GIB, CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.errors import ConfigError, InfeasibleError
+from hetpar.solvers.exact import (InlineExecutor, Problem, SearchExecutor, TaskResult,
+                                  estimate_space_size, make_bounds, prefix_lower_bound,
+                                  root_tasks, Counters)
+from hetpar.solvers.solution import Certificate, Solution
+from hetpar.solvers.space import PlanSpace
+from hetpar.workload.model import ModelSpec
+from hetpar.workload.training import TrainingSpec
+
+__all__ = ["solve", "METHODS", "Progress"]
+
+METHODS = ("exact", "brute", "megatron", "metis", "random")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot of a running exact search, for live displays."""
+
+    tasks_done: int
+    tasks: int
+    nodes: int
+    incumbent: float
+    elapsed_s: float
+
+
+def solve(cluster: Cluster, model: ModelSpec, training: TrainingSpec, *, method: str = "exact",
+          objective: str | Objective = "mean", workers: int = 1, time_limit: float | None = None,
+          seed: int = 0, samples: int = 32, constants: CostConstants | None = None,
+          budget: int = 200, progress: Callable[[Progress], None] | None = None,
+          executor: SearchExecutor | None = None) -> Solution:
+    """Find a plan with ``method`` for the ``objective`` over ``samples`` bandwidth states.
+
+    ``exact`` proves optimality over the plan space (``time_limit`` makes it anytime);
+    ``brute`` enumerates the space (tiny instances only); ``megatron``, ``metis`` and
+    ``random`` are the baselines. Raises InfeasibleError when no plan of the space fits.
+    """
+    if method not in METHODS:
+        raise ConfigError("", "method", f"unknown method {method!r} (known: {', '.join(METHODS)})")
+    obj = objective if isinstance(objective, Objective) else Objective.parse(objective)
+    if workers < 1:
+        raise ConfigError("", "workers", f"must be at least 1, got {workers}")
+    cm = CostModel(cluster, model, training, constants=constants, samples=samples, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    _check_fits_somewhere(cm, space)
+    if method == "brute":
+        from hetpar.solvers.brute import brute
+        return brute(cm, space, obj)
+    if method in ("megatron", "metis", "random"):
+        from hetpar.solvers import baselines
+        fn = getattr(baselines, method)
+        kwargs = {"seed": seed}
+        if method == "random":
+            kwargs["budget"] = budget
+        return fn(cm, space, obj, **kwargs)
+    return _exact(cm, space, obj, workers, time_limit, progress, executor)
+
+
+def _check_fits_somewhere(cm: CostModel, space: PlanSpace) -> None:
+    """Refuse at once an instance whose model fits on no plan at all."""
+    zero = max(space.zero_stages)
+    rc = "full" if "full" in space.recompute_modes else space.recompute_modes[-1]
+    # The lightest possible per-GPU footprint: every layer spread over the whole cluster
+    # at the largest tensor-parallel degree, one sequence per micro-batch.
+    layers = cm.model.layers
+    total_gpus = cm.cluster.num_gpus
+    smallest = math.inf
+    biggest = max(h.gpu.memory_bytes for h in cm.cluster.hosts)
+    for gpu_type in space.types:
+        for tp in space.tp_options[gpu_type]:
+            stages = max(1, min(layers, total_gpus // tp))
+            per_stage = -(-layers // stages)
+            params, used = cm.stage_memory(per_stage, tp, 1, 1.0, 1, False, False, rc, zero == 1)
+            smallest = min(smallest, used)
+    usable = max((cm.host_perf(i).usable_bytes for i in range(len(cm.cluster.hosts))
+                  if cm.host_perf(i) is not None), default=-math.inf)
+    if smallest > usable:
+        raise InfeasibleError(
+            f"no feasible plan: the smallest per-GPU footprint is {smallest / GIB:.1f} GiB, the "
+            f"largest GPU has {biggest / GIB:.1f} GiB ({usable / GIB:.1f} GiB usable)")
+
+
+def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
+           time_limit: float | None, progress: Callable[[Progress], None] | None,
+           executor: SearchExecutor | None) -> Solution:
+    start = time.perf_counter()
+    deadline = time.time() + time_limit if time_limit else math.inf
+    # A good first incumbent prunes from the first node on: the Metis-style heuristic's
+    # plan, which lies in the space.
+    from hetpar.solvers.baselines import metis
+    seed = metis(cm, space, obj)
+    seed_value = seed.value if seed.found else math.inf
+    problem = Problem(cm, space, obj, deadline, seed_value)
+    tasks = root_tasks(problem)
+    if executor is None:
+        if workers > 1:
+            from hetpar.solvers.parallel import ProcessExecutor
+            executor = ProcessExecutor(workers)
+        else:
+            executor = InlineExecutor()
+    results: dict[int, TaskResult] = {}
+    counters = Counters()
+    best = (seed_value, seed.plan if seed.found else None)
+
+    def on_result(i: int, res: TaskResult) -> None:
+        nonlocal best
+        results[i] = res
+        counters.add(res.counters)
+        if res.value < best[0]:
+            best = (res.value, res.plan)
+        if progress is not None:
+            progress(Progress(len(results), len(tasks), counters.nodes,
+                              min(best[0], executor.incumbent()),
+                              time.perf_counter() - start))
+
+    stopped = ""
+    try:
+        executor.run(problem, tasks, on_result)
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    if not stopped and (len(results) < len(tasks) or not all(r.finished for r in results.values())):
+        stopped = "time limit"
+    value, plan = best
+    wall = time.perf_counter() - start
+    if stopped:
+        # Unfinished subtrees bound the optimum from below; finished ones are resolved.
+        bounds = make_bounds(problem)
+        lb = value
+        from hetpar.solvers.exact import Searcher, LocalIncumbent
+        probe = Searcher(problem, LocalIncumbent(value), bounds)
+        for i, task in enumerate(tasks):
+            if i not in results or not results[i].finished:
+                free = space.take(space.capacity, task[0])
+                lb = min(lb, prefix_lower_bound(bounds, probe.combos, task, free, value))
+    else:
+        lb = value
+    size, exact_size = estimate_space_size(space, probes=64)
+    cert = Certificate(optimal=not stopped and math.isfinite(value), lower_bound=lb,
+                       nodes=counters.nodes, leaves=counters.leaves,
+                       pruned_bound=counters.pruned_bound, pruned_memory=counters.pruned_memory,
+                       pruned_symmetry=counters.pruned_symmetry, space_size=size,
+                       space_size_exact=exact_size, wall_s=wall, workers=executor.workers,
+                       stopped=stopped)
+    if plan is None and not stopped:
+        raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
+    est = cm.evaluate(plan) if plan is not None else None
+    return Solution("exact", obj.name, plan, est, value, wall, evaluations=counters.leaves,
+                    certificate=cert)

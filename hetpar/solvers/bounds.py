@@ -1,0 +1,406 @@
+"""Admissible lower bounds of the iteration time, for branch and bound.
+
+Every bound here is at most the cost model's value for every plan it covers. They rest on
+the cost model's structure: a stage's work per micro-batch is affine in its layers,
+``t_i = a_i n_i + b_i``; its memory is affine in its layers; and the iteration is
+
+    T = sum_i t_i + sum_b c_b + (M - 1) max_i (t_i + c_{i-1} + c_i) + T_dp + T_opt + F
+
+with ``T_dp`` at least any stage's own gradient all-reduce, which grows by ``d_i`` per
+layer. Bandwidth-dependent terms are reduced over the K samples by the mean (valid for
+the mean and for CVaR, which is never below the mean) or the minimum (valid for any
+quantile).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetpar.costmodel.compute import GpuPerf
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.solvers.space import PlanSpace, StageChoice
+
+__all__ = ["StageProfile", "Bounds"]
+
+
+def _affine(f) -> tuple[float, float]:
+    """(slope, intercept) of a function affine in the layer count for counts >= 1."""
+    one, two = f(1), f(2)
+    return two - one, one - (two - one)
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """Affine costs of one stage at one position under (M, recompute, ZeRO)."""
+
+    a: float  # seconds per layer per micro-batch
+    b: float  # fixed seconds per micro-batch
+    d: float  # gradient all-reduce seconds per layer (lower bound)
+    cap: int  # most layers that fit in memory
+    d0: float  # gradient all-reduce seconds of its embedding or head (lower bound)
+    opt_a: float  # optimizer seconds per layer
+    opt_b: float  # fixed optimizer seconds
+
+
+@dataclass
+class Bounds:
+    """Bound computations for one problem; caches are per process (not shared)."""
+
+    cm: CostModel
+    space: PlanSpace
+    objective: Objective
+    zero: int
+    inv_bw: np.ndarray = field(init=False)
+    _profiles: dict = field(default_factory=dict, init=False)
+    _knap: dict = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.inv_bw = self.reduce(self.cm.inv_bw)
+        self.batch = self.cm.training.global_batch
+        self.layers = self.cm.model.layers
+        self.fixed = self.cm.framework.iteration_overhead_s
+        grad_per_param = self.cm.constants.grad_bytes
+        self.layer_grad = self.cm.model.params_per_layer * grad_per_param
+        self.opt_bytes = self.cm.constants.optimizer_bytes_per_param
+
+    def reduce(self, samples: np.ndarray) -> np.ndarray:
+        """Per-sample figures -> one figure a bound may use for this objective."""
+        if self.objective.kind == "quantile":
+            return samples.min(axis=0)
+        return samples.mean(axis=0)
+
+    # ---- per stage --------------------------------------------------------------------
+    def _perfs(self, stage: StageChoice) -> list[GpuPerf]:
+        kinds = {}
+        for h in stage.hosts:
+            perf = self.cm.host_perf(h)
+            if perf is None:
+                return []
+            kinds[id(perf)] = perf
+        return list(kinds.values())
+
+    def profile(self, stage: StageChoice, m: int, rc: str, position: int, stages: int,
+                first: bool, last: bool) -> StageProfile | None:
+        """The stage's affine costs; None if it cannot run (precision, uneven split)."""
+        mb = self.batch // m
+        if mb % stage.dp:
+            return None
+        inflight = min(stages - position, m)
+        key = (stage, m, rc, inflight, first, last)
+        hit = self._profiles.get(key, False)
+        if hit is not False:
+            return hit
+        perfs = self._perfs(stage)
+        if not perfs:
+            self._profiles[key] = None
+            return None
+        seqs = mb / stage.dp
+        cm = self.cm
+        a = -math.inf
+        b = math.inf
+        for perf in perfs:
+            a1, b1 = _affine(lambda n: cm.stage_work(perf, seqs, stage.tp, n, first, last, rc).total)
+            a, b = max(a, a1), min(b, b1)
+        # Memory is affine in layers. A prefix's stages may still gain followers (more
+        # micro-batches in flight) or stay last (the logits): bound by the lighter case.
+        z = self.zero == 1
+        cases = [(inflight, first, last)]
+        if position == stages - 1 and not last:
+            cases.append((1, first, True))
+        usable = min(p.usable_bytes for p in perfs)
+        cap = 0
+        for held, is_first, is_last in cases:
+            per_layer, m0 = _affine(lambda n: cm.stage_memory(
+                n, stage.tp, stage.dp, seqs, held, is_first, is_last, rc, z)[1])
+            if usable >= m0 + per_layer:
+                cap = max(cap, self.layers if per_layer <= 0 else
+                          int(math.floor((usable - m0) / per_layer)))
+        d = self._dp_seconds(stage, perfs, self.cm.model.params_per_layer / stage.tp)
+        params0 = cm.stage_memory(0, stage.tp, stage.dp, seqs, 1, first, last, rc, z)[0]
+        shard = stage.dp if self.zero == 1 else 1
+        hbm = min(p.hbm for p in perfs)
+        opt_a = self.cm.model.params_per_layer / stage.tp / shard * self.opt_bytes / hbm
+        opt_b = params0 / shard * self.opt_bytes / hbm
+        d0 = self._dp_seconds(stage, perfs, params0)
+        prof = StageProfile(a, b, d, min(cap, self.layers), d0, opt_a, opt_b)
+        self._profiles[key] = prof
+        return prof
+
+    def _dp_seconds(self, stage: StageChoice, perfs: list[GpuPerf], params: float) -> float:
+        """Bandwidth time of the stage's own gradient all-reduce of ``params`` per GPU."""
+        if stage.dp <= 1 or params <= 0:
+            return 0.0
+        grad = params * self.cm.constants.grad_bytes
+        per_host = max(stage.blocks)
+        intra_bw = min(p.intra_bw for p in perfs)
+        d = 2.0 * (per_host - 1) / per_host * grad / intra_bw if per_host > 1 else 0.0
+        n = len(stage.hosts)
+        if n > 1:
+            ring = 2.0 * (n - 1) / n * grad * stage.tp
+            routes = self.cm.cluster.routes
+            hosts = list(stage.hosts)
+            worst = 0.0
+            for x, y in zip(hosts, hosts[1:] + hosts[:1]):
+                for ch in routes[x][y]:
+                    worst = max(worst, ring * float(self.inv_bw[ch]))
+            d += worst
+        return d
+
+    # ---- shapes of stages not placed yet ------------------------------------------------
+    def _shape_costs(self, gpu_type: str, tp: int, dp: int, m: int, rc: str,
+                     ) -> tuple[float, float, float, int] | None:
+        """Best case (a, b, d, cap) of any stage of this shape anywhere in the cluster."""
+        key = ("shape", gpu_type, tp, dp, m, rc)
+        hit = self._profiles.get(key, False)
+        if hit is not False:
+            return hit
+        hosts = self.space.eligible_hosts(gpu_type, tp)
+        out = None
+        mb = self.batch / m
+        seqs = mb / dp
+        for h in hosts:
+            perf = self.cm.host_perf(h)
+            if perf is None:
+                continue
+            a, b = _affine(lambda n: self.cm.stage_work(perf, seqs, tp, n, False, False, rc).total)
+            # Fewest activations in flight, neither embedding nor logits: the lightest case.
+            per_layer, m0 = _affine(lambda n: self.cm.stage_memory(
+                n, tp, dp, seqs, 1, False, False, rc, self.zero == 1)[1])
+            cap = (self.layers if per_layer <= 0 else
+                   max(0, int(math.floor((perf.usable_bytes - m0) / per_layer))))
+            if out is None:
+                out = [a, b, 0.0, cap]
+            else:
+                out = [min(out[0], a), min(out[1], b), 0.0, max(out[3], cap)]
+        if out is not None:
+            out[2] = self._shape_dp(gpu_type, tp, dp, hosts)
+            out = tuple(out)
+        self._profiles[key] = out
+        return out
+
+    def _shape_dp(self, gpu_type: str, tp: int, dp: int, hosts: tuple[int, ...]) -> float:
+        """Least per-layer all-reduce of dp replicas of tp GPUs on hosts of a type."""
+        if dp <= 1:
+            return 0.0
+        grad = self.layer_grad / tp
+        biggest = max(self.cm.cluster.hosts[h].num_gpus for h in hosts) // tp
+        perfs = [self.cm.host_perf(h) for h in hosts if self.cm.host_perf(h) is not None]
+        intra_bw = max(p.intra_bw for p in perfs)
+        fastest = math.inf
+        for h in hosts:
+            for x in range(len(self.cm.cluster.hosts)):
+                if x != h:
+                    for ch in self.cm.cluster.routes[h][x]:
+                        fastest = min(fastest, float(self.inv_bw[ch]))
+        best = math.inf
+        for n in range(max(1, -(-dp // max(biggest, 1))), min(dp, len(hosts)) + 1):
+            per_host = -(-dp // n)
+            d = 2.0 * (per_host - 1) / per_host * grad / intra_bw if per_host > 1 else 0.0
+            if n > 1:
+                d += 2.0 * (n - 1) / n * grad * tp * (fastest if math.isfinite(fastest) else 0.0)
+            best = min(best, d)
+        return best
+
+    def _capacity(self, a: float, b: float, d: float, cap: int, budget: float, m: int) -> int:
+        """Most layers a stage can hold while the iteration stays under the budget."""
+        room = budget - (m - 1) * b
+        if room <= 0:
+            return 0
+        if math.isinf(room):
+            return max(0, min(cap, self.layers))
+        slope = (m - 1) * a + d
+        by_time = self.layers if slope <= 0 else int(math.floor(room / slope * (1 + 1e-12)))
+        return max(0, min(cap, by_time))
+
+    def knapsack(self, gpu_type: str, free_gpus: int, m: int, rc: str, budget: float) -> int:
+        """Most layers stages built from ``free_gpus`` GPUs of a type can hold under a
+        threshold ``budget`` on ``(M-1)(a n + b) + d n`` (relaxed: host boundaries ignored)."""
+        if len(self._knap) > 200_000:
+            self._knap.clear()
+        key = (gpu_type, free_gpus, m, rc, budget)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        items = []
+        total = sum(self.cm.cluster.hosts[h].num_gpus for h in self.space.hosts_of_type[gpu_type])
+        for tp in self.space.tp_options[gpu_type]:
+            for dp in range(1, total // tp + 1):
+                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                if shape is None:
+                    continue
+                value = self._capacity(shape[0], shape[1], shape[2], shape[3], budget, m)
+                if value > 0:
+                    items.append((tp * dp, value))
+        best = [0] * (free_gpus + 1)
+        for g in range(1, free_gpus + 1):
+            v = best[g - 1]
+            for w, val in items:
+                if w <= g:
+                    v = max(v, best[g - w] + val)
+            best[g] = v
+        self._knap[key] = best[free_gpus]
+        return best[free_gpus]
+
+    # ---- transfers ----------------------------------------------------------------------
+    @staticmethod
+    def _replica_hosts(stage: StageChoice) -> tuple[int, ...]:
+        return tuple(h for h, b in zip(stage.hosts, stage.blocks) for _ in range(b))
+
+    def boundary(self, src: StageChoice, dst: StageChoice, m: int) -> float:
+        """Reduced round-trip transfer time of one micro-batch between two stages."""
+        key = ("boundary", src, dst, m)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        perfs = self._perfs(src)
+        if not perfs:
+            return 0.0
+        loads, intra, lat = self.cm.boundary_flows(
+            self._replica_hosts(src), self._replica_hosts(dst), src.tp, dst.tp,
+            self.batch // m, min(p.intra_bw for p in perfs), max(p.intra_step_s for p in perfs))
+        times = np.full(self.cm.num_samples, intra)
+        if loads:
+            chans = np.fromiter(loads, dtype=np.intp, count=len(loads))
+            vols = np.fromiter(loads.values(), dtype=float, count=len(loads))
+            times = np.maximum(times, (self.cm.inv_bw[:, chans] * vols).max(axis=1) + lat)
+        out = float(self.reduce(2.0 * times))
+        self._profiles[key] = out
+        return out
+
+    def exit_time(self, stage: StageChoice, free: tuple[int, ...], m: int) -> float:
+        """Least round trip from ``stage`` to any stage after it: zero if one of its hosts
+        has GPUs left, else its whole micro-batch must leave through its hosts' uplinks."""
+        if any(free[h] for h in stage.hosts):
+            return 0.0
+        key = ("exit", stage, m)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        routes = self.cm.cluster.routes
+        n_hosts = len(self.cm.cluster.hosts)
+        rate = np.zeros(self.cm.num_samples)
+        for h in stage.hosts:
+            first = {routes[h][x][0] for x in range(n_hosts) if x != h and routes[h][x]}
+            if not first:
+                continue
+            # Data leaving h crosses one of its first hops; their rates add up at best.
+            rate += sum(1.0 / self.cm.inv_bw[:, ch] for ch in first)
+        if not np.all(rate > 0):
+            self._profiles[key] = 0.0
+            return 0.0
+        copies = stage.tp if self.cm.framework.p2p_copy_per_tp_rank else 1
+        volume = self.batch / m * self.cm.seq_len * self.cm.model.hidden * 2.0 * copies
+        out = float(self.reduce(2.0 * volume / rate))
+        self._profiles[key] = out
+        return out
+
+    # ---- prefixes ---------------------------------------------------------------------
+    GRID = 24  # thresholds tried between zero and the target
+
+    def prefix_alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...], m: int,
+                     rc: str, target: float) -> tuple[bool, bool]:
+        """(may a plan starting with ``prefix`` beat ``target``, is it memory that rules it
+        out). Covers the prefix closed as a pipeline and every extension of it.
+
+        With ``u_i = a_i n_i + g_i`` (work plus transfers) the iteration is at least
+        ``fixed + sum_i a_i n_i + max_i ((M-1) u_i + d_i n_i + e_i)`` (``e_i``: the
+        all-reduce of a stage's embedding or head). For a threshold ``tau`` on the maximum
+        each stage holds at most ``(tau - (M-1) g_i - e_i) / ((M-1) a_i + d_i)`` layers, and stages still to be built from the free GPUs at most what a knapsack
+        over stage shapes allows, each layer costing at least the cheapest shape's
+        ``a``. The cheapest filling of the layers is then a greedy over costs; since it
+        only falls as ``tau`` grows, ``tau_k + fill(tau_{k+1})`` bounds every threshold
+        between two grid points."""
+        if not math.isfinite(target):
+            # Without an incumbent only memory can rule a prefix out.
+            for i, st in enumerate(prefix):
+                prof = self.profile(st, m, rc, i, len(prefix), i == 0, False)
+                if prof is None or prof.cap < 1:
+                    return False, prof is not None
+            return True, False
+        n = len(prefix)
+        profiles = []
+        for i, st in enumerate(prefix):
+            prof = self.profile(st, m, rc, i, n, i == 0, False)
+            if prof is None:
+                return False, False
+            if prof.cap < 1:
+                return False, True
+            profiles.append(prof)
+        trans = [self.boundary(x, y, m) for x, y in zip(prefix, prefix[1:])]
+        base = self.fixed + sum(p.b for p in profiles) + sum(trans)
+        if base >= target:
+            return False, False
+        pool_types = [(t, sum(free[h] for h in self.space.hosts_of_type[t]))
+                      for t in self.space.types]
+        pool_types = [(t, g) for t, g in pool_types if g]
+        exit_ = self.exit_time(prefix[-1], free, m) if pool_types else math.inf
+        pool_a = self.pool_min_layer_time(pool_types, m, rc) if pool_types else math.inf
+        c_in = [0.0] + trans
+        for closed in (True, False):
+            if not closed and not math.isfinite(exit_):
+                break
+            fixed = base if closed else base + exit_
+            room = target - fixed
+            if room <= 0:
+                continue
+            c_out = trans + [0.0 if closed else exit_]
+            gam = [p.b + ci + co for p, ci, co in zip(profiles, c_in, c_out)]
+            slope = [(m - 1) * p.a + p.d for p in profiles]
+            # A stage's term (M-1) u_i + (its all-reduce) is slope_i n_i + icpt_i; the
+            # all-reduce of its embedding or head adds to the intercept.
+            icpt = [(m - 1) * g + p.d0 for g, p in zip(gam, profiles)]
+            grid = [room * k / self.GRID for k in range(self.GRID + 1)]
+            for lo, hi in zip(grid, grid[1:]):
+                fill = self._fill(profiles, icpt, slope, hi, m, rc,
+                                  None if closed else (pool_types, pool_a, target))
+                if lo + fill < room:
+                    return True, False
+        return False, False
+
+    def _fill(self, profiles: list[StageProfile], icpt: list[float], slope: list[float],
+              tau: float, m: int, rc: str, pool) -> float:
+        """Least ``sum a_i n_i`` placing every layer with each stage's term
+        ``slope_i n_i + icpt_i`` under threshold ``tau`` (inf if impossible)."""
+        L = self.layers
+        caps = []
+        for p, ic, sl in zip(profiles, icpt, slope):
+            room = tau - ic
+            cap = p.cap if sl <= 0 else min(p.cap, room / sl)
+            if cap < 1:
+                return math.inf
+            caps.append(cap)
+        items = sorted(zip((p.a for p in profiles), caps))
+        extra = 0.0
+        pool_a = math.inf
+        if pool is not None:
+            pool_types, pool_a, target = pool
+            # The knapsack table is cached on grid points of the target; use the next one up.
+            key_tau = target * math.ceil(tau / target * self.GRID) / self.GRID
+            extra = sum(self.knapsack(t, g, m, rc, key_tau) for t, g in pool_types)
+        if sum(caps) + extra < L:
+            return math.inf
+        total = sum(a for a, _ in items)
+        left = L - len(items)
+        merged = sorted([(a, cap - 1) for a, cap in items] + [(pool_a, extra)])
+        for a, room in merged:
+            take = min(left, room)
+            total += a * take
+            left -= take
+            if left <= 0:
+                break
+        return total
+
+    def pool_min_layer_time(self, pool_types: list[tuple[str, int]], m: int, rc: str) -> float:
+        """Least per-layer time of any stage the free GPUs could form."""
+        best = math.inf
+        for gpu_type, g in pool_types:
+            for tp in self.space.tp_options[gpu_type]:
+                for dp in range(1, g // tp + 1):
+                    shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                    if shape is not None:
+                        best = min(best, shape[0])
+        return best

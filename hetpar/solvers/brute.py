@@ -1,0 +1,66 @@
+"""Plain enumeration of the plan space: the reference the exact solver is tested against.
+
+No symmetry breaking, no bounds, no dominance: every sequence of stages, every layer
+split, micro-batch count, recompute mode and ZeRO stage is scored. Only for tiny
+instances.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.solvers.solution import Certificate, Solution
+from hetpar.solvers.space import PlanSpace, StageChoice
+
+__all__ = ["brute", "compositions", "skeletons"]
+
+
+def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every way to write ``total`` as an ordered sum of ``parts`` positive integers."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+def skeletons(space: PlanSpace, max_stages: int) -> Iterator[tuple[StageChoice, ...]]:
+    """Every non-empty sequence of stages that fits the cluster."""
+    def walk(free: tuple[int, ...], prefix: tuple[StageChoice, ...]):
+        if prefix:
+            yield prefix
+        if len(prefix) == max_stages:
+            return
+        for stage in space.stage_choices(free):
+            yield from walk(space.take(free, stage), prefix + (stage,))
+    yield from walk(space.capacity, ())
+
+
+def brute(cm: CostModel, space: PlanSpace, objective: Objective) -> Solution:
+    start = time.perf_counter()
+    layers = cm.model.layers
+    best_value, best = math.inf, None
+    leaves = 0
+    for stages in skeletons(space, layers):
+        ms = space.micro_batch_options([s.dp for s in stages])
+        for split in compositions(layers, len(stages)):
+            for m in ms:
+                for rc in space.recompute_modes:
+                    for zero in space.zero_stages:
+                        plan = space.to_plan(stages, split, m, rc, zero)
+                        times, fits = cm.iteration_times(plan)
+                        leaves += 1
+                        if fits:
+                            value = objective(times)
+                            if value < best_value:
+                                best_value, best = value, plan
+    wall = time.perf_counter() - start
+    cert = Certificate(optimal=True, lower_bound=best_value, nodes=leaves, leaves=leaves,
+                       space_size=leaves, space_size_exact=True, wall_s=wall)
+    return Solution("brute", objective.name, best, cm.evaluate(best) if best else None,
+                    best_value, wall, evaluations=leaves, certificate=cert)

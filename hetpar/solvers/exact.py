@@ -1,0 +1,522 @@
+"""Exact search: branch and bound over the plan space, in parallel over subtrees.
+
+The search builds the pipeline stage by stage (``PlanSpace.stage_choices``). At every
+prefix it
+
+1. breaks symmetry: of plans equal up to a permutation of interchangeable hosts only the
+   lexicographic leader is visited (``SymmetryCheck``);
+2. prunes by memory and by bound: for each micro-batch count and recompute mode, the
+   prefix's stages and what the free GPUs could still build must be able to hold every
+   layer in memory and within the incumbent's time (``Bounds.prefix_alive``, which
+   needs no full evaluation);
+3. closes the prefix as a complete pipeline and solves its layer split exactly
+   (``best_split``): a depth-first search over each stage's layer count, pruned by an
+   admissible bound built from the cost model's affine structure (a water-filling bound of
+   the slowest pipeline cycle plus fixed costs), with the cost model itself at the
+   leaves.
+
+ZeRO-1, where the training spec allows it, is never worse than none in the cost model
+(same traffic, less memory, a shorter optimizer step), so only the highest allowed stage
+is searched. Subtrees below the first stage are tasks for a ``SearchExecutor``; workers
+share the incumbent. With a time limit the search returns the best plan found, a proven
+lower bound and the gap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.plan import Plan
+from hetpar.solvers.bounds import Bounds, StageProfile
+from hetpar.solvers.space import PlanSpace, StageChoice, SymmetryCheck
+
+__all__ = ["Problem", "TaskResult", "SearchExecutor", "InlineExecutor", "Incumbent",
+           "search_subtree", "best_split", "root_tasks", "estimate_space_size",
+           "prefix_lower_bound", "make_bounds"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a worker needs (picklable)."""
+
+    cm: CostModel
+    space: PlanSpace
+    objective: Objective
+    deadline: float = math.inf  # time.time() after which workers stop
+    seed_value: float = math.inf  # a plan of the space already known (e.g. a heuristic's)
+
+
+class Incumbent(Protocol):
+    """The best objective value found so far, shared by all workers."""
+
+    def get(self) -> float: ...
+    def offer(self, value: float) -> None: ...
+
+
+@dataclass
+class LocalIncumbent:
+    value: float = math.inf
+
+    def get(self) -> float:
+        return self.value
+
+    def offer(self, value: float) -> None:
+        self.value = min(self.value, value)
+
+
+@dataclass
+class Counters:
+    nodes: int = 0
+    leaves: int = 0
+    pruned_bound: int = 0
+    pruned_memory: int = 0
+    pruned_symmetry: int = 0
+
+    def add(self, other: Counters) -> None:
+        for name in ("nodes", "leaves", "pruned_bound", "pruned_memory", "pruned_symmetry"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class TaskResult:
+    value: float
+    plan: Plan | None
+    counters: Counters
+    finished: bool
+
+
+class _Stop(Exception):
+    """Raised inside a search when the deadline passes."""
+
+
+@dataclass
+class Searcher:
+    """One worker's depth-first search; holds per-process caches."""
+
+    problem: Problem
+    incumbent: Incumbent
+    bounds: Bounds | None = None  # reuse one per process: it caches stage profiles
+    counters: Counters = field(default_factory=Counters)
+    best_value: float = math.inf
+    best_plan: Plan | None = None
+    _tick: int = 0
+    _combos: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        p = self.problem
+        self.zero = max(p.space.zero_stages)
+        if self.bounds is None:
+            self.bounds = make_bounds(p)
+        self.layers = p.cm.model.layers
+
+    # ---- shared state --------------------------------------------------------------
+    def target(self) -> float:
+        return min(self.incumbent.get(), self.best_value)
+
+    def _check_time(self) -> None:
+        self._tick += 1
+        if self._tick % 64 == 0 and time.time() > self.problem.deadline:
+            raise _Stop
+
+    def offer(self, value: float, plan: Plan) -> None:
+        if value < self.best_value:
+            self.best_value, self.best_plan = value, plan
+            self.incumbent.offer(value)
+
+    # ---- skeleton tree ----------------------------------------------------------------
+    def combos(self, dps: Iterable[int]) -> list[tuple[int, str]]:
+        """(micro-batch count, recompute mode) pairs valid for these replica counts."""
+        key = tuple(sorted(set(dps)))
+        out = self._combos.get(key)
+        if out is None:
+            space = self.problem.space
+            out = self._combos[key] = [(m, rc) for m in space.micro_batch_options(key)
+                                       for rc in space.recompute_modes]
+        return out
+
+    def alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...]) -> bool:
+        """Whether some plan extending ``prefix`` may beat the incumbent; counts prunes."""
+        target = self.target()
+        memory_only = True
+        for m, rc in self.combos(s.dp for s in prefix):
+            ok, by_memory = self.bounds.prefix_alive(prefix, free, m, rc, target)
+            if ok:
+                return True
+            memory_only &= by_memory
+        if memory_only:
+            self.counters.pruned_memory += 1
+        else:
+            self.counters.pruned_bound += 1
+        return False
+
+    def walk(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...],
+             sym: SymmetryCheck) -> None:
+        self._check_time()
+        self.counters.nodes += 1
+        if not self.alive(prefix, free):
+            return
+        self.close(prefix)
+        if len(prefix) >= self.layers:
+            return
+        children = sorted(self.problem.space.stage_choices(free), key=lambda s: -s.gpus)
+        for stage in children:
+            nxt = sym.extend(stage)
+            if nxt is None:
+                self.counters.pruned_symmetry += 1
+                continue
+            self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt)
+
+    # ---- closing a prefix: the best layer split -----------------------------------------
+    def close(self, stages: tuple[StageChoice, ...]) -> None:
+        p = len(stages)
+        for m, rc in self.combos(s.dp for s in stages):
+            profiles = []
+            for i, st in enumerate(stages):
+                prof = self.bounds.profile(st, m, rc, i, p, i == 0, i == p - 1)
+                if prof is None:
+                    break
+                profiles.append(prof)
+            else:
+                if sum(min(pr.cap, self.layers) for pr in profiles) < self.layers or min(
+                        pr.cap for pr in profiles) < 1:
+                    self.counters.pruned_memory += 1
+                    continue
+                best_split(self, stages, profiles, m, rc)
+
+
+def _waterfill(a: list[float], g: list[float], total: float) -> float:
+    """min over n >= 1 (real), sum n = total, of max_i (a_i n_i + g_i)."""
+    if not a:
+        return -math.inf
+    lo = max(ai + gi for ai, gi in zip(a, g))
+    if total <= len(a):
+        return lo
+    hi = lo + max(a) * total
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        need = sum(max(1.0, (mid - gi) / ai) if ai > 0 else math.inf for ai, gi in zip(a, g))
+        if need >= total:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StageProfile], m: int,
+               rc: str) -> None:
+    """Exact best layer split of a complete pipeline for one (M, recompute) choice."""
+    p = len(stages)
+    L = s.layers
+    space, cm, objective = s.problem.space, s.problem.cm, s.problem.objective
+
+    def evaluate(split: tuple[int, ...]) -> tuple[float, np.ndarray | None]:
+        plan = space.to_plan(stages, split, m, rc, s.zero)
+        core = cm.core(plan)
+        s.counters.leaves += 1
+        value = objective(core.total) if core.feasible else math.inf
+        if value < math.inf:
+            s.offer(value, plan)
+        return value, core.boundary
+
+    # A first split in proportion to each stage's speed, within memory. Transfer times do
+    # not depend on the split: bound without them first, and only if that does not prune,
+    # evaluate the first split, whose report gives them (and a first incumbent).
+    speed = [1.0 / pr.a if pr.a > 0 else 1.0 for pr in prof]
+    start = _proportional(L, speed, [pr.cap for pr in prof])
+    if start is None:
+        s.counters.pruned_memory += 1
+        return
+    a = [pr.a for pr in prof]
+    caps = [min(pr.cap, L - (p - 1)) for pr in prof]
+    suffix_min_a = [min(a[i:]) for i in range(p)] + [math.inf]
+    fixed0 = s.bounds.fixed + sum(pr.b for pr in prof)
+    gam0 = [pr.b for pr in prof]
+    if _root_bound(prof, a, gam0, m, L, fixed0) >= s.target():
+        s.counters.pruned_bound += 1
+        return
+    _, boundary = evaluate(start)
+    c = s.bounds.reduce(boundary) if p > 1 else np.zeros(0)
+    cin = [0.0] + list(c)
+    cout = list(c) + [0.0]
+    gam = [pr.b + ci + co for pr, ci, co in zip(prof, cin, cout)]
+    fixed = fixed0 + float(sum(c))
+
+    n = [0] * p
+    # Two bounds of the slowest-cycle and all-reduce terms: apart, (M-1) max_i u_i +
+    # max_i d_i n_i; and together, max_i ((M-1) u_i + d_i n_i), whose water-filling over
+    # the stages still to fill sees that the all-reduce also grows with their layers.
+    joint_a = [(m - 1) * pr.a + pr.d for pr in prof]
+    joint_g = [(m - 1) * g + pr.d0 for g, pr in zip(gam, prof)]
+
+    def lower(j: int, used: int, work: float, cycle: float, dp: float, opt: float,
+              joint: float) -> float:
+        """Bound of any completion once stages < j have their layers."""
+        rest = L - used
+        if j < p:
+            tail = _waterfill(a[j:], gam[j:], rest)
+            joint_tail = _waterfill(joint_a[j:], joint_g[j:], rest)
+            dp_rest = max(prof[i].d + prof[i].d0 for i in range(j, p))
+            opt_rest = max(prof[i].opt_a + prof[i].opt_b for i in range(j, p))
+            work += suffix_min_a[j] * rest
+        else:
+            tail = joint_tail = dp_rest = opt_rest = -math.inf
+        apart = (m - 1) * max(cycle, tail) + max(dp, dp_rest, 0.0)
+        together = max(joint, joint_tail)
+        return fixed + work + max(apart, together) + max(opt, opt_rest, 0.0)
+
+    def dfs(j: int, used: int, work: float, cycle: float, dp: float, opt: float,
+            joint: float) -> None:
+        s._check_time()
+        if j == p - 1:
+            k = L - used
+            if k < 1 or k > caps[j]:
+                return
+            n[j] = k
+            split = tuple(n)
+            if split == start:
+                return
+            bound = lower(p, L, work + a[j] * k, max(cycle, a[j] * k + gam[j]),
+                          max(dp, prof[j].d * k + prof[j].d0),
+                          max(opt, prof[j].opt_a * k + prof[j].opt_b),
+                          max(joint, joint_a[j] * k + joint_g[j]))
+            if bound >= s.target():
+                s.counters.pruned_bound += 1
+                return
+            evaluate(split)
+            return
+        left = p - 1 - j
+        hi = min(caps[j], L - used - left)
+        for k in sorted(range(1, hi + 1), key=lambda k: abs(k - start[j])):
+            n[j] = k
+            args = (work + a[j] * k, max(cycle, a[j] * k + gam[j]),
+                    max(dp, prof[j].d * k + prof[j].d0),
+                    max(opt, prof[j].opt_a * k + prof[j].opt_b),
+                    max(joint, joint_a[j] * k + joint_g[j]))
+            if lower(j + 1, used + k, *args) >= s.target():
+                s.counters.pruned_bound += 1
+                continue
+            dfs(j + 1, used + k, *args)
+
+    if max(lower(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf),
+           _root_bound(prof, a, gam, m, L, fixed)) >= s.target():
+        s.counters.pruned_bound += 1
+        return
+    dfs(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf)
+
+
+def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: int, L: int,
+                fixed: float) -> float:
+    """``best_split``'s bound before any layer is placed.
+
+    With ``u_i = a_i n_i + g_i`` the iteration is at least
+    ``fixed + sum_i a_i n_i + max_i ((M-1) u_i + d_i n_i) + max_i opt_i``: a sum of maxima
+    is at least the maximum of the sums. For a threshold ``tau`` on the maximum each stage
+    can hold at most ``(tau - (M-1) g_i) / ((M-1) a_i + d_i)`` layers, and the cheapest
+    way to place the rest fills the stages of smallest ``a_i`` first; the bound minimises
+    ``tau + sum a_i n_i`` over ``tau`` (a convex function of tau) with layers taken as real.
+    """
+    p = len(prof)
+    slope = [(m - 1) * pr.a + pr.d for pr in prof]
+    icpt = [(m - 1) * g + pr.d0 for g, pr in zip(gam, prof)]
+    mem = [float(min(pr.cap, L)) for pr in prof]
+    order = sorted(range(p), key=lambda i: a[i])
+
+    def cost(tau: float) -> float:
+        caps = [min(mem[i], (tau - icpt[i]) / slope[i]) if slope[i] > 0 else mem[i]
+                for i in range(p)]
+        if min(caps) < 1 or sum(caps) < L:
+            return math.inf
+        total = sum(a)
+        left = L - p
+        for i in order:
+            take = min(left, caps[i] - 1)
+            total += a[i] * take
+            left -= take
+            if left <= 0:
+                break
+        return tau + total
+
+    lo = max(sl + ic for sl, ic in zip(slope, icpt))
+    hi = max(sl * L + ic for sl, ic in zip(slope, icpt))
+    if not math.isfinite(cost(hi)):
+        return math.inf
+    # The least feasible threshold, then a ternary search of the convex cost above it.
+    if not math.isfinite(cost(lo)):
+        a_, b_ = lo, hi
+        for _ in range(60):
+            mid = (a_ + b_) / 2
+            if math.isfinite(cost(mid)):
+                b_ = mid
+            else:
+                a_ = mid
+        lo = b_
+    for _ in range(60):
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if cost(m1) <= cost(m2):
+            hi = m2
+        else:
+            lo = m1
+    best = min(cost(lo), cost(hi))
+    opt = max(pr.opt_a + pr.opt_b for pr in prof)
+    return fixed + best + opt
+
+
+def _proportional(total: int, speed: list[float], caps: list[int]) -> tuple[int, ...] | None:
+    """An integer split near ``total`` in proportion to ``speed`` with 1 <= n_i <= caps_i."""
+    p = len(speed)
+    if sum(min(c, total) for c in caps) < total or min(caps) < 1:
+        return None
+    n = [1] * p
+    left = total - p
+    if left < 0:
+        return None
+    while left > 0:
+        # Give the next layer to the stage that stays least loaded.
+        options = [i for i in range(p) if n[i] < caps[i]]
+        i = min(options, key=lambda k: (n[k] + 1) / speed[k])
+        n[i] += 1
+        left -= 1
+    return tuple(n)
+
+
+# ---- tasks and executors -------------------------------------------------------------
+
+def root_tasks(problem: Problem) -> list[tuple[StageChoice, ...]]:
+    """The canonical first stages: each roots one independent subtree."""
+    space = problem.space
+    sym = SymmetryCheck.start(space)
+    out = []
+    for stage in sorted(space.stage_choices(space.capacity), key=lambda s: -s.gpus):
+        if sym.extend(stage) is not None:
+            out.append((stage,))
+    return out
+
+
+def make_bounds(problem: Problem) -> Bounds:
+    return Bounds(problem.cm, problem.space, problem.objective, max(problem.space.zero_stages))
+
+
+def search_subtree(problem: Problem, prefix: tuple[StageChoice, ...], incumbent: Incumbent,
+                   bounds: Bounds | None = None) -> TaskResult:
+    """Search every plan whose pipeline starts with ``prefix`` (one task)."""
+    s = Searcher(problem, incumbent, bounds)
+    space = problem.space
+    free = space.capacity
+    sym = SymmetryCheck.start(space)
+    for st in prefix:
+        free = space.take(free, st)
+        sym = sym.extend(st)  # type: ignore[assignment]
+    finished = True
+    try:
+        s.walk(prefix, free, sym)
+    except _Stop:
+        finished = False
+    return TaskResult(s.best_value, s.best_plan, s.counters, finished)
+
+
+class SearchExecutor(Protocol):
+    """Runs subtree tasks; another backend (e.g. Ray) only needs these three members."""
+
+    workers: int
+
+    def run(self, problem: Problem, tasks: list[tuple[StageChoice, ...]],
+            on_result: Callable[[int, TaskResult], None]) -> None: ...
+
+    def incumbent(self) -> float: ...
+
+
+@dataclass
+class InlineExecutor:
+    """Runs tasks one after the other in this process."""
+
+    workers: int = 1
+    _incumbent: LocalIncumbent = field(default_factory=LocalIncumbent)
+
+    def run(self, problem: Problem, tasks: list[tuple[StageChoice, ...]],
+            on_result: Callable[[int, TaskResult], None]) -> None:
+        self._incumbent.offer(problem.seed_value)
+        bounds = make_bounds(problem)
+        for i, task in enumerate(tasks):
+            on_result(i, search_subtree(problem, task, self._incumbent, bounds))
+
+    def incumbent(self) -> float:
+        return self._incumbent.get()
+
+
+def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
+                        ) -> tuple[float, bool]:
+    """Plans in the space (without symmetry reduction): counted when small, else Knuth's
+    random-probe estimate of the stage tree times each pipeline's splits and options."""
+    layers = space.model.layers
+    n_opts = len(space.recompute_modes) * len(space.zero_stages)
+
+    def leaf_weight(stages: tuple[StageChoice, ...]) -> float:
+        p = len(stages)
+        return (math.comb(layers - 1, p - 1) * n_opts
+                * len(space.micro_batch_options([s.dp for s in stages])))
+
+    # Try to count exactly with a node budget.
+    budget = [20_000]
+
+    def count(free: tuple[int, ...], prefix: tuple[StageChoice, ...]) -> float:
+        total = leaf_weight(prefix) if prefix else 0.0
+        if len(prefix) < layers:
+            for st in space.stage_choices(free):
+                budget[0] -= 1
+                if budget[0] < 0:
+                    raise OverflowError
+                total += count(space.take(free, st), prefix + (st,))
+        return total
+
+    try:
+        return count(space.capacity, ()), True
+    except OverflowError:
+        pass
+    rng = np.random.default_rng(seed)
+    estimates = []
+    for _ in range(probes):
+        free, prefix, weight, total = space.capacity, (), 1.0, 0.0
+        while len(prefix) < layers:
+            choices = list(space.stage_choices(free))
+            if not choices:
+                break
+            weight *= len(choices)
+            st = choices[int(rng.integers(len(choices)))]
+            prefix = prefix + (st,)
+            free = space.take(free, st)
+            total += weight * leaf_weight(prefix)
+        estimates.append(total)
+    return float(np.mean(estimates)), False
+
+
+def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[StageChoice, ...],
+                       free: tuple[int, ...], upper: float) -> float:
+    """The least iteration time any plan extending ``prefix`` may have (bisection on the
+    pruning test, which is monotone in its target)."""
+    combos = searcher_combos(s.dp for s in prefix)
+
+    def alive(target: float) -> bool:
+        return any(bounds.prefix_alive(prefix, free, m, rc, target)[0] for m, rc in combos)
+
+    if not math.isfinite(upper):
+        upper = 1.0
+        while not alive(upper) and upper < 1e9:
+            upper *= 2
+    if not alive(upper):
+        return upper
+    lo, hi = 0.0, upper
+    for _ in range(16):  # a bound within 2**-16 of the incumbent is plenty
+        mid = (lo + hi) / 2
+        if alive(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo

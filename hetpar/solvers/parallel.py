@@ -1,0 +1,76 @@
+"""Running exact-search subtrees in worker processes that share the incumbent.
+
+``ProcessExecutor`` implements ``SearchExecutor`` over ``concurrent.futures``: every
+worker process receives the problem once (initializer), keeps its own bound caches
+across tasks, and reads and lowers one shared double, the incumbent's value, so a good
+plan found by one worker prunes the others at once.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from hetpar.solvers.exact import Problem, TaskResult, make_bounds, search_subtree
+from hetpar.solvers.space import StageChoice
+
+__all__ = ["ProcessExecutor", "SharedIncumbent"]
+
+
+@dataclass
+class SharedIncumbent:
+    """The incumbent's value in shared memory."""
+
+    cell: object  # multiprocessing Value('d')
+
+    def get(self) -> float:
+        return self.cell.value  # type: ignore[attr-defined]
+
+    def offer(self, value: float) -> None:
+        with self.cell.get_lock():  # type: ignore[attr-defined]
+            if value < self.cell.value:  # type: ignore[attr-defined]
+                self.cell.value = value  # type: ignore[attr-defined]
+
+
+# One per worker process, set by the pool's initializer: the problem travels to each
+# worker once instead of with every task.
+_WORKER: dict[str, object] = {}
+
+
+def _init_worker(problem: Problem, cell: object) -> None:
+    _WORKER["problem"] = problem
+    _WORKER["incumbent"] = SharedIncumbent(cell)
+    _WORKER["bounds"] = make_bounds(problem)
+
+
+def _run_task(prefix: tuple[StageChoice, ...]) -> TaskResult:
+    return search_subtree(_WORKER["problem"], prefix, _WORKER["incumbent"],  # type: ignore[arg-type]
+                          _WORKER["bounds"])  # type: ignore[arg-type]
+
+
+@dataclass
+class ProcessExecutor:
+    workers: int = 2
+    _cell: object = field(default=None)
+
+    def run(self, problem: Problem, tasks: list[tuple[StageChoice, ...]],
+            on_result: Callable[[int, TaskResult], None]) -> None:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        self._cell = ctx.Value("d", problem.seed_value)
+        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+                                   initargs=(problem, self._cell))
+        try:
+            pending: dict[Future, int] = {pool.submit(_run_task, t): i
+                                          for i, t in enumerate(tasks)}
+            while pending:
+                done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    on_result(pending.pop(fut), fut.result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def incumbent(self) -> float:
+        return math.inf if self._cell is None else self._cell.value  # type: ignore[attr-defined]

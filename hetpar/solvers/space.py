@@ -1,0 +1,224 @@
+"""The searched plan space (DESIGN.md section 4), shared by solvers and the environment.
+
+A plan of the space is a sequence of stages, each described by a ``StageChoice``: one
+GPU type, a tensor-parallel degree ``tp`` (a power of two dividing the GPU count of every
+host it uses) and how many TP blocks it takes from each host of that type. GPUs may stay
+idle. Layers (at least one per stage), the micro-batch count (a divisor of the global
+batch that splits evenly over every stage's replicas), the recompute mode and the ZeRO
+stage complete a plan. Which GPUs of a host a block uses does not matter to the cost
+model, so ``to_plan`` numbers them canonically.
+
+Hosts that are interchangeable (same GPU type and count, same scale-up fabric, same
+switch, identical uplinks with a constant bandwidth) form symmetry classes: swapping two
+of them maps every plan to one of equal cost, so a search only needs plans whose usage of
+a class's hosts is in non-increasing lexicographic order (``SymmetryCheck``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from hetpar.cluster.bandwidth import Constant
+from hetpar.cluster.topology import Cluster
+from hetpar.errors import PlanError
+from hetpar.plan import Plan, Replica, Stage
+from hetpar.workload.model import ModelSpec
+from hetpar.workload.training import TrainingSpec
+
+__all__ = ["StageChoice", "PlanSpace", "SymmetryCheck"]
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """A stage's resources: ``blocks[j]`` TP blocks of ``tp`` GPUs from host ``hosts[j]``."""
+
+    gpu_type: str
+    tp: int
+    hosts: tuple[int, ...]  # host indices, increasing, each with at least one block
+    blocks: tuple[int, ...]
+
+    @property
+    def dp(self) -> int:
+        return sum(self.blocks)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    def used(self, host: int) -> int:
+        """GPUs this stage takes from ``host``."""
+        for h, b in zip(self.hosts, self.blocks):
+            if h == host:
+                return b * self.tp
+        return 0
+
+
+@dataclass(frozen=True)
+class PlanSpace:
+    cluster: Cluster
+    model: ModelSpec
+    training: TrainingSpec
+    # Derived in __post_init__:
+    types: tuple[str, ...] = field(default=(), init=False)
+    hosts_of_type: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False)
+    tp_options: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False)
+    classes: tuple[tuple[int, ...], ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        hosts = self.cluster.hosts
+        by_type: dict[str, list[int]] = {}
+        for i, h in enumerate(hosts):
+            by_type.setdefault(h.gpu.name, []).append(i)
+        tps: dict[str, tuple[int, ...]] = {}
+        for name, idx in by_type.items():
+            largest = max(hosts[i].num_gpus for i in idx)
+            opts = []
+            t = 1
+            while t <= largest:
+                if self.model.heads % t == 0 and any(hosts[i].num_gpus % t == 0 for i in idx):
+                    opts.append(t)
+                t *= 2
+            tps[name] = tuple(opts)
+        object.__setattr__(self, "types", tuple(by_type))
+        object.__setattr__(self, "hosts_of_type", {k: tuple(v) for k, v in by_type.items()})
+        object.__setattr__(self, "tp_options", tps)
+        object.__setattr__(self, "classes", _symmetry_classes(self.cluster))
+
+    # ---- stages ------------------------------------------------------------------------
+    @property
+    def capacity(self) -> tuple[int, ...]:
+        return tuple(h.num_gpus for h in self.cluster.hosts)
+
+    def eligible_hosts(self, gpu_type: str, tp: int) -> tuple[int, ...]:
+        return tuple(i for i in self.hosts_of_type[gpu_type]
+                     if self.cluster.hosts[i].num_gpus % tp == 0)
+
+    def stage_choices(self, free: Sequence[int]) -> Iterator[StageChoice]:
+        """Every stage that fits in the ``free`` GPUs per host (no symmetry reduction)."""
+        for gpu_type in self.types:
+            for tp in self.tp_options[gpu_type]:
+                hosts = [h for h in self.eligible_hosts(gpu_type, tp) if free[h] >= tp]
+                ranges = [range(free[h] // tp + 1) for h in hosts]
+                for counts in itertools.product(*ranges):
+                    if any(counts):
+                        used = [(h, c) for h, c in zip(hosts, counts) if c]
+                        yield StageChoice(gpu_type, tp, tuple(h for h, _ in used),
+                                          tuple(c for _, c in used))
+
+    @staticmethod
+    def take(free: Sequence[int], stage: StageChoice) -> tuple[int, ...]:
+        out = list(free)
+        for h, b in zip(stage.hosts, stage.blocks):
+            out[h] -= b * stage.tp
+        return tuple(out)
+
+    # ---- whole-plan options --------------------------------------------------------------
+    def micro_batch_options(self, dps: Sequence[int]) -> tuple[int, ...]:
+        """Micro-batch counts whose micro-batches split evenly over every stage's replicas."""
+        batch = self.training.global_batch
+        return tuple(m for m in range(1, batch + 1)
+                     if batch % m == 0 and all((batch // m) % d == 0 for d in dps))
+
+    @property
+    def recompute_modes(self) -> tuple[str, ...]:
+        return self.training.recompute_modes
+
+    @property
+    def zero_stages(self) -> tuple[int, ...]:
+        return self.training.zero_stages
+
+    # ---- plans ---------------------------------------------------------------------------
+    def to_plan(self, stages: Sequence[StageChoice], layers: Sequence[int], micro_batches: int,
+                recompute: str, zero: int) -> Plan:
+        """The plan of these choices, taking each host's GPUs in index order."""
+        nxt = [0] * len(self.cluster.hosts)
+        out = []
+        for st, n in zip(stages, layers):
+            reps = []
+            for h, b in zip(st.hosts, st.blocks):
+                name = self.cluster.hosts[h].name
+                for _ in range(b):
+                    reps.append(Replica(name, tuple(range(nxt[h], nxt[h] + st.tp))))
+                    nxt[h] += st.tp
+            out.append(Stage(n, st.tp, tuple(reps)))
+        return Plan(tuple(out), micro_batches, recompute, zero)
+
+    def decompose(self, plan: Plan, source: str = "<plan>",
+                  ) -> tuple[tuple[StageChoice, ...], tuple[int, ...]]:
+        """(stages, layers) of a plan of this space; PlanError naming the rule otherwise."""
+        index = self.cluster.host_index
+        stages = []
+        for i, st in enumerate(plan.stages):
+            types = {self.cluster.host(r.host).gpu.name for r in st.replicas}
+            if len(types) != 1:
+                raise PlanError(source, f"stages[{i}]", "mixes GPU types, outside the searched "
+                                                        "space")
+            gpu_type = types.pop()
+            if st.tp not in self.tp_options[gpu_type]:
+                raise PlanError(source, f"stages[{i}].tp", f"tp {st.tp} is not a power of two "
+                                                           "dividing the host's GPU count")
+            counts: dict[int, int] = {}
+            for r in st.replicas:
+                h = index[r.host]
+                if self.cluster.hosts[h].num_gpus % st.tp:
+                    raise PlanError(source, f"stages[{i}].tp",
+                                    f"tp {st.tp} does not divide the GPUs of {r.host}")
+                counts[h] = counts.get(h, 0) + 1
+            hosts = tuple(sorted(counts))
+            stages.append(StageChoice(gpu_type, st.tp, hosts, tuple(counts[h] for h in hosts)))
+        return tuple(stages), tuple(s.layers for s in plan.stages)
+
+    def canonical(self, plan: Plan) -> Plan:
+        """The same plan with canonical GPU numbering (equal cost)."""
+        stages, layers = self.decompose(plan)
+        return self.to_plan(stages, layers, plan.micro_batches, plan.recompute, plan.zero)
+
+
+def _symmetry_classes(cluster: Cluster) -> tuple[tuple[int, ...], ...]:
+    """Groups of interchangeable hosts (classes of one host are left out)."""
+    uplink: dict[str, tuple] = {}
+    for link in cluster.links:
+        for host, other in ((link.a, link.b), (link.b, link.a)):
+            if host in cluster.host_index:
+                uplink.setdefault(host, ())
+                # A stochastic link draws its own bandwidth, so its host is unique.
+                model = link.bandwidth if isinstance(link.bandwidth, Constant) else id(link)
+                uplink[host] += ((other, link.capacity_gbps, link.latency_s, model),)
+    groups: dict[tuple, list[int]] = {}
+    for i, h in enumerate(cluster.hosts):
+        key = (h.gpu.name, h.num_gpus, h.intra_kind, h.intra_GBps, h.intra_latency_s,
+               h.nic_gbps, tuple(sorted(uplink.get(h.name, ()), key=repr)))
+        groups.setdefault(key, []).append(i)
+    return tuple(tuple(g) for g in groups.values() if len(g) > 1)
+
+
+@dataclass
+class SymmetryCheck:
+    """Incremental lexicographic-leader test over interchangeable hosts.
+
+    Keeps, for each adjacent pair of hosts in a class, whether their usage columns (GPUs
+    taken by stage 1, 2, ...) are still equal; a new stage is canonical if it never gives
+    the later host of a tied pair more than the earlier one.
+    """
+
+    pairs: tuple[tuple[int, int], ...]
+    tied: tuple[bool, ...]
+
+    @classmethod
+    def start(cls, space: PlanSpace) -> SymmetryCheck:
+        pairs = tuple((a, b) for cls_ in space.classes for a, b in zip(cls_, cls_[1:]))
+        return cls(pairs, (True,) * len(pairs))
+
+    def extend(self, stage: StageChoice) -> SymmetryCheck | None:
+        """The check after appending ``stage``, or None if the prefix is not canonical."""
+        tied = list(self.tied)
+        for k, (a, b) in enumerate(self.pairs):
+            if tied[k]:
+                ua, ub = stage.used(a), stage.used(b)
+                if ub > ua:
+                    return None
+                if ua > ub:
+                    tied[k] = False
+        return SymmetryCheck(self.pairs, tuple(tied))

@@ -152,17 +152,15 @@ class Bounds:
 
     # ---- shapes of stages not placed yet ------------------------------------------------
     def _shape_costs(self, gpu_type: str, tp: int, dp: int, m: int, rc: str,
-                     ) -> tuple[float, float, float, int] | None:
-        """Best case (a, b, d, cap) of any stage of this shape anywhere in the cluster."""
+                     ) -> tuple[float, float, int] | None:
+        """Best case (a, b, cap) of any stage of this shape on hosts of the type."""
         key = ("shape", gpu_type, tp, dp, m, rc)
         hit = self._profiles.get(key, False)
         if hit is not False:
             return hit
-        hosts = self.space.eligible_hosts(gpu_type, tp)
         out = None
-        mb = self.batch / m
-        seqs = mb / dp
-        for h in hosts:
+        seqs = self.batch / m / dp
+        for h in self.space.eligible_hosts(gpu_type, tp):
             perf = self.cm.host_perf(h)
             if perf is None:
                 continue
@@ -172,23 +170,23 @@ class Bounds:
                 n, tp, dp, seqs, 1, False, False, rc, self.zero == 1)[1])
             cap = (self.layers if per_layer <= 0 else
                    max(0, int(math.floor((perf.usable_bytes - m0) / per_layer))))
-            if out is None:
-                out = [a, b, 0.0, cap]
-            else:
-                out = [min(out[0], a), min(out[1], b), 0.0, max(out[3], cap)]
-        if out is not None:
-            out[2] = self._shape_dp(gpu_type, tp, dp, hosts)
-            out = tuple(out)
+            out = (a, b, cap) if out is None else (min(out[0], a), min(out[1], b),
+                                                   max(out[2], cap))
         self._profiles[key] = out
         return out
 
-    def _shape_dp(self, gpu_type: str, tp: int, dp: int, hosts: tuple[int, ...]) -> float:
-        """Least per-layer all-reduce of dp replicas of tp GPUs on hosts of a type."""
+    def _shape_dp(self, gpu_type: str, tp: int, dp: int, blocks: tuple[int, ...]) -> float:
+        """Least per-layer all-reduce of ``dp`` replicas of ``tp`` GPUs when the hosts of the
+        type have ``blocks`` free TP blocks (sorted, most first); inf if they cannot."""
         if dp <= 1:
-            return 0.0
-        grad = self.layer_grad / tp
-        biggest = max(self.cm.cluster.hosts[h].num_gpus for h in hosts) // tp
+            return 0.0 if blocks and blocks[0] >= 1 else math.inf
+        key = ("shape_dp", gpu_type, tp, dp, blocks)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        hosts = self.space.eligible_hosts(gpu_type, tp)
         perfs = [self.cm.host_perf(h) for h in hosts if self.cm.host_perf(h) is not None]
+        grad = self.layer_grad / tp
         intra_bw = max(p.intra_bw for p in perfs)
         fastest = math.inf
         for h in hosts:
@@ -196,13 +194,21 @@ class Bounds:
                 if x != h:
                     for ch in self.cm.cluster.routes[h][x]:
                         fastest = min(fastest, float(self.inv_bw[ch]))
+        fastest = fastest if math.isfinite(fastest) else 0.0
         best = math.inf
-        for n in range(max(1, -(-dp // max(biggest, 1))), min(dp, len(hosts)) + 1):
+        held = 0
+        for n, free_blocks in enumerate(blocks, start=1):
+            held += free_blocks
+            if held < dp:
+                continue  # n hosts are too few for dp replicas
             per_host = -(-dp // n)
             d = 2.0 * (per_host - 1) / per_host * grad / intra_bw if per_host > 1 else 0.0
             if n > 1:
-                d += 2.0 * (n - 1) / n * grad * tp * (fastest if math.isfinite(fastest) else 0.0)
+                d += 2.0 * (n - 1) / n * grad * tp * fastest
             best = min(best, d)
+            if n >= dp:
+                break
+        self._profiles[key] = best
         return best
 
     def _capacity(self, a: float, b: float, d: float, cap: int, budget: float, m: int) -> int:
@@ -216,34 +222,41 @@ class Bounds:
         by_time = self.layers if slope <= 0 else int(math.floor(room / slope * (1 + 1e-12)))
         return max(0, min(cap, by_time))
 
-    def knapsack(self, gpu_type: str, free_gpus: int, m: int, rc: str, budget: float) -> int:
-        """Most layers stages built from ``free_gpus`` GPUs of a type can hold under a
-        threshold ``budget`` on ``(M-1)(a n + b) + d n`` (relaxed: host boundaries ignored)."""
+    def knapsack(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                 budget: float) -> int:
+        """Most layers stages built from the free GPUs of a type (``free``: per host of the
+        type) can hold under a threshold ``budget`` on ``(M-1)(a n + b) + d n``. Relaxed:
+        stages only compete for the type's GPU count, and each stage's all-reduce is
+        bounded from the fewest hosts that have room for its replicas."""
         if len(self._knap) > 200_000:
             self._knap.clear()
-        key = (gpu_type, free_gpus, m, rc, budget)
+        key = (gpu_type, free, m, rc, budget)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
+        total = sum(free)
+        hosts = self.space.hosts_of_type[gpu_type]
         items = []
-        total = sum(self.cm.cluster.hosts[h].num_gpus for h in self.space.hosts_of_type[gpu_type])
         for tp in self.space.tp_options[gpu_type]:
-            for dp in range(1, total // tp + 1):
+            ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
+            blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
+            for dp in range(1, sum(blocks) + 1):
                 shape = self._shape_costs(gpu_type, tp, dp, m, rc)
                 if shape is None:
                     continue
-                value = self._capacity(shape[0], shape[1], shape[2], shape[3], budget, m)
+                d = self._shape_dp(gpu_type, tp, dp, blocks)
+                value = self._capacity(shape[0], shape[1], d, shape[2], budget, m)
                 if value > 0:
                     items.append((tp * dp, value))
-        best = [0] * (free_gpus + 1)
-        for g in range(1, free_gpus + 1):
+        best = [0] * (total + 1)
+        for g in range(1, total + 1):
             v = best[g - 1]
             for w, val in items:
                 if w <= g:
                     v = max(v, best[g - w] + val)
             best[g] = v
-        self._knap[key] = best[free_gpus]
-        return best[free_gpus]
+        self._knap[key] = best[total]
+        return best[total]
 
     # ---- transfers ----------------------------------------------------------------------
     @staticmethod
@@ -334,9 +347,9 @@ class Bounds:
         base = self.fixed + sum(p.b for p in profiles) + sum(trans)
         if base >= target:
             return False, False
-        pool_types = [(t, sum(free[h] for h in self.space.hosts_of_type[t]))
+        pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
                       for t in self.space.types]
-        pool_types = [(t, g) for t, g in pool_types if g]
+        pool_types = [(t, g) for t, g in pool_types if any(g)]
         exit_ = self.exit_time(prefix[-1], free, m) if pool_types else math.inf
         pool_a = self.pool_min_layer_time(pool_types, m, rc) if pool_types else math.inf
         c_in = [0.0] + trans
@@ -394,12 +407,16 @@ class Bounds:
                 break
         return total
 
-    def pool_min_layer_time(self, pool_types: list[tuple[str, int]], m: int, rc: str) -> float:
+    def pool_min_layer_time(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
+                            rc: str) -> float:
         """Least per-layer time of any stage the free GPUs could form."""
         best = math.inf
-        for gpu_type, g in pool_types:
+        for gpu_type, free in pool_types:
+            hosts = self.space.hosts_of_type[gpu_type]
             for tp in self.space.tp_options[gpu_type]:
-                for dp in range(1, g // tp + 1):
+                blocks = sum(f // tp for f, h in zip(free, hosts)
+                             if self.cm.cluster.hosts[h].num_gpus % tp == 0)
+                for dp in range(1, blocks + 1):
                     shape = self._shape_costs(gpu_type, tp, dp, m, rc)
                     if shape is not None:
                         best = min(best, shape[0])

@@ -348,23 +348,27 @@ def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: i
     hi = max(sl * L + ic for sl, ic in zip(slope, icpt))
     if not math.isfinite(cost(hi)):
         return math.inf
-    # The least feasible threshold, then a ternary search of the convex cost above it.
+    # Below some threshold no placement exists (cost inf); above it the cost is convex.
+    # The fill (cost - tau) falls as tau grows, so over any bracket [x, y] the cost is at
+    # least x + fill(y): a bound, where the cost at a point would only approximate one.
+    edge = math.inf
     if not math.isfinite(cost(lo)):
-        a_, b_ = lo, hi
-        for _ in range(60):
-            mid = (a_ + b_) / 2
+        bad, good = lo, hi
+        for _ in range(30):
+            mid = (bad + good) / 2
             if math.isfinite(cost(mid)):
-                b_ = mid
+                good = mid
             else:
-                a_ = mid
-        lo = b_
-    for _ in range(60):
+                bad = mid
+        edge = bad + (cost(good) - good)  # covers thresholds in [bad, good]
+        lo = good
+    for _ in range(24):
         m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
         if cost(m1) <= cost(m2):
             hi = m2
         else:
             lo = m1
-    best = min(cost(lo), cost(hi))
+    best = min(edge, lo + (cost(hi) - hi))
     opt = max(pr.opt_a + pr.opt_b for pr in prof)
     return fixed + best + opt
 

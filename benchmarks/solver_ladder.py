@@ -1,0 +1,81 @@
+"""Exact search on a ladder of instances, with 1 and 2 workers, against the baselines.
+
+    python benchmarks/solver_ladder.py [--time-limit S] [--instances NAME,...] [--samples K]
+
+For each instance it prints, from one run: the exact search's wall time with 1 and 2
+workers (and whether it proved optimality within the limit, else its gap), the speed-up,
+the share of the plan space never evaluated, and each baseline's objective relative to
+the best plan exact found (value / exact - 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import hetpar
+from hetpar.cluster import parse_cluster
+from hetpar.solvers import solve
+
+MIXED_32 = {
+    "name": "mixed-32",
+    "description": "32 GPUs of three types: 2x8 A100-80GB, 1x8 H100, 2x4 L4, leaf-spine",
+    "hosts": [
+        {"name": "a100", "count": 2, "gpu": "A100-SXM4-80GB", "gpus": 8, "nic_gbps": 400},
+        {"name": "h100", "gpu": "H100-SXM5-80GB", "gpus": 8, "nic_gbps": 800},
+        {"name": "l4", "count": 2, "gpu": "L4-24GB", "gpus": 4, "nic_gbps": 100},
+    ],
+    "topology": {"kind": "leaf_spine", "hosts_per_leaf": 3, "spines": 2, "uplink_gbps": 400},
+}
+
+
+def instances() -> dict[str, tuple]:
+    train = hetpar.load_training
+    return {
+        "amp-het-16/gpt2-medium": (hetpar.load_cluster("amp-het-16"),
+                                   hetpar.load_model("gpt2-medium"), train()),
+        "amp-homo-16/gpt2-medium": (hetpar.load_cluster("amp-homo-16"),
+                                    hetpar.load_model("gpt2-medium"), train()),
+        "cloud-mixed/gpt2-medium": (hetpar.load_cluster("cloud-mixed"),
+                                    hetpar.load_model("gpt2-medium"), train()),
+        "mixed-32/llama2-7b": (parse_cluster(MIXED_32, "<mixed-32>"),
+                               hetpar.load_model("llama2-7b"),
+                               train({"global_batch": 64, "precision": "bf16",
+                                      "flash_attention": True})),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=600.0,
+                    help="seconds per exact run (default 600)")
+    ap.add_argument("--samples", type=int, default=8, help="bandwidth samples (default 8)")
+    ap.add_argument("--instances", default="", help="comma-separated subset of the ladder")
+    args = ap.parse_args()
+    ladder = instances()
+    names = [n for n in args.instances.split(",") if n] or list(ladder)
+    print(f"{'instance':<26} {'GPUs':>4} {'exact 1w s':>10} {'exact 2w s':>10} {'speed-up':>8} "
+          f"{'status':>22} {'never evaluated':>15}  baselines vs exact")
+    for name in names:
+        cluster, model, training = ladder[name]
+        runs = {}
+        for workers in (1, 2):
+            t0 = time.perf_counter()
+            runs[workers] = solve(cluster, model, training, method="exact", workers=workers,
+                                  time_limit=args.time_limit, samples=args.samples)
+            runs[workers].details["wall"] = time.perf_counter() - t0
+        one, two = runs[1], runs[2]
+        best = min(one.value, two.value)
+        status = ("optimal" if one.certificate.optimal and two.certificate.optimal else
+                  f"gap {min(one.gap, two.gap):.1%} at limit")
+        rel = []
+        for method in ("megatron", "metis", "random"):
+            b = solve(cluster, model, training, method=method, samples=args.samples)
+            rel.append(f"{method} {b.value / best - 1:+.1%}" if b.found else f"{method} none")
+        w1, w2 = one.details["wall"], two.details["wall"]
+        print(f"{name:<26} {cluster.num_gpus:>4} {w1:>10.1f} {w2:>10.1f} {w1 / w2:>8.2f} "
+              f"{status:>22} {one.certificate.pruned_fraction:>15.6%}  {', '.join(rel)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -251,3 +251,44 @@ def test_calibrate_cannot_write_reports_the_path(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "fit_constants", lambda: (load_constants(), {}))
     code, _, err = run(capsys, "calibrate", "--out", str(tmp_path / "missing" / "c.yaml"))
     assert_one_line_error(code, err, "missing/c.yaml", "cannot write")
+
+
+# ---- hetpar solve -----------------------------------------------------------------------
+
+def test_solve_writes_a_plan_that_estimate_accepts(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, text, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                          "--method", "metis", "--samples", "4", "--out", str(out))
+    assert code == 0, err
+    assert "metis: objective mean" in text and out.is_file()
+    code, text, err = run(capsys, "estimate", "--cluster", "amp-het-16", "--model",
+                          "gpt2-medium", "--plan", str(out), "--samples", "4", "--json")
+    assert code == 0, err
+    assert json.loads(text)["feasible"] is True
+
+
+def test_solve_exact_with_a_time_limit_reports_bound_and_gap(capsys):
+    code, text, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                          "--time-limit", "1", "--samples", "4", "--json")
+    assert code == 0, err
+    data = json.loads(text)
+    cert = data["certificate"]
+    assert cert["stopped"] == "time limit" and not cert["optimal"]
+    assert cert["lower_bound_s"] <= data["value_s"] and data["gap"] >= 0
+
+
+def test_solve_a_model_that_fits_nowhere(capsys, tmp_path):
+    cluster = write(tmp_path, "one.yaml", "hosts: [{name: a, gpu: T4, gpus: 1, nic_gbps: 10}]\n"
+                                          "topology: {kind: single_switch}\n")
+    code, _, err = run(capsys, "solve", "--cluster", cluster, "--model", "llama2-70b")
+    assert_one_line_error(code, err, "no feasible plan: the smallest per-GPU footprint is",
+                          "the largest GPU has")
+
+
+@pytest.mark.parametrize("args, needle", [(["--workers", "0"], "--workers"),
+                                          (["--time-limit", "-1"], "--time-limit"),
+                                          (["--objective", "p1000"], "objective")])
+def test_solve_bad_options(capsys, args, needle):
+    code, _, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                       *args)
+    assert_one_line_error(code, err, needle)

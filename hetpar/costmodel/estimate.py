@@ -28,7 +28,7 @@ from hetpar.plan import Plan, validate_plan
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["CostModel", "Estimate", "StageCost", "ReplicaMemory", "estimate"]
+__all__ = ["CostModel", "CoreTerms", "Estimate", "StageCost", "ReplicaMemory", "estimate"]
 
 GIB = 2**30
 
@@ -313,7 +313,7 @@ class CostModel:
         out = self._memory_cache[key] = (params, states + act)
         return out
 
-    def core(self, plan: Plan, source: str = "<plan>") -> _Core:
+    def core(self, plan: Plan, source: str = "<plan>") -> CoreTerms:
         """The whole model for one plan, without building the report objects."""
         c = self.constants
         fw = self.framework
@@ -430,7 +430,7 @@ class CostModel:
         pipe, cycle = one_f_one_b(stage_s, boundary, plan.micro_batches)
         dp_time = max(dp_intra) + (self._phase(dp_loads) + dp_lat if dp_loads else 0.0)
         total = pipe + dp_time + (opt_s + fw.iteration_overhead_s)
-        return _Core(total, feasible, works, params_l, used_l, perfs_l, host_ids, boundary,
+        return CoreTerms(total, feasible, works, params_l, used_l, perfs_l, host_ids, boundary,
                      stage_s, cycle, dp_time, dp_intra, opt_s)
 
     def iteration_times(self, plan: Plan) -> tuple[np.ndarray, bool]:
@@ -493,7 +493,9 @@ class CostModel:
 
 
 @dataclass(frozen=True)
-class _Core:
+class CoreTerms:
+    """What ``CostModel.core`` computes for a plan, before any report object is built."""
+
     total: np.ndarray
     feasible: bool
     works: list[StageWork]

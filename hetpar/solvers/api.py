@@ -12,9 +12,9 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import GIB, CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, InfeasibleError
-from hetpar.solvers.exact import (InlineExecutor, Problem, SearchExecutor, TaskResult,
-                                  estimate_space_size, make_bounds, prefix_lower_bound,
-                                  root_tasks, Counters)
+from hetpar.solvers.exact import (Counters, InlineExecutor, LocalIncumbent, Problem,
+                                  SearchExecutor, Searcher, TaskResult, estimate_space_size,
+                                  make_bounds, prefix_lower_bound, root_tasks)
 from hetpar.solvers.solution import Certificate, Solution
 from hetpar.solvers.space import PlanSpace
 from hetpar.workload.model import ModelSpec
@@ -138,7 +138,6 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # Unfinished subtrees bound the optimum from below; finished ones are resolved.
         bounds = make_bounds(problem)
         lb = value
-        from hetpar.solvers.exact import Searcher, LocalIncumbent
         probe = Searcher(problem, LocalIncumbent(value), bounds)
         for i, task in enumerate(tasks):
             if i not in results or not results[i].finished:

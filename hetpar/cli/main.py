@@ -50,12 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_instance_args(est)
     est.add_argument("--plan", required=True, metavar="FILE",
                      help="plan file (JSON, format in configs/README.md)")
-    est.add_argument("--samples", type=int, default=32, metavar="K",
-                     help="bandwidth states to sample (0: each link at its mean; default 32)")
-    est.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling (default 0)")
-    est.add_argument("--objective", default="mean", metavar="OBJ",
-                     help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default mean")
-    est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    _add_scoring_args(est, "bandwidth states to sample (0: each link at its mean; default 32)")
     est.set_defaults(func=_cmd_estimate)
 
     sol = sub.add_parser(
@@ -67,20 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "instances.")
     _add_instance_args(sol)
     sol.add_argument("--method", default="exact", choices=("exact", "megatron", "metis",
-                                                           "random", "brute"))
-    sol.add_argument("--objective", default="mean", metavar="OBJ",
-                     help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default mean")
+                                                           "random", "brute"),
+                     help="search method (default exact)")
+    _add_scoring_args(sol, "bandwidth states the objective is computed over (default 32)")
     sol.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes for the exact search (default 1)")
     sol.add_argument("--time-limit", type=float, default=None, metavar="S",
                      help="stop the exact search after S seconds (anytime)")
-    sol.add_argument("--samples", type=int, default=32, metavar="K",
-                     help="bandwidth states the objective is computed over (default 32)")
-    sol.add_argument("--seed", type=int, default=0, help="seed of sampling and baselines")
     sol.add_argument("--budget", type=int, default=200,
                      help="plans the random baseline may score (default 200)")
     sol.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
-    sol.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     sol.set_defaults(func=_cmd_solve)
 
     val = sub.add_parser(
@@ -119,6 +110,15 @@ def _add_instance_args(p: argparse.ArgumentParser) -> None:
                    help="extra GPU catalog file (repeatable)")
     p.add_argument("--calibration", metavar="FILE",
                    help="cost-model constants file (default: the bundled calibration)")
+
+
+def _add_scoring_args(p: argparse.ArgumentParser, samples_help: str) -> None:
+    p.add_argument("--samples", type=int, default=32, metavar="K", help=samples_help)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the bandwidth sampling (and of the random baseline); default 0")
+    p.add_argument("--objective", default="mean", metavar="OBJ",
+                   help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default mean")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:

@@ -29,9 +29,20 @@ MIXED_32 = {
 }
 
 
+AMP_HET_12 = {
+    "name": "amp-het-12",
+    "description": "amp-het-16 less one V100 host: 2x 4 V100 (10 Gb/s) + 4 T4 (50 Gb/s)",
+    "hosts": [{"name": "v100", "count": 2, "gpu": "V100-SXM2-16GB", "gpus": 4, "nic_gbps": 10},
+              {"name": "t4", "gpu": "T4-16GB", "gpus": 4, "nic_gbps": 50}],
+    "topology": {"kind": "single_switch", "name": "tor"},
+}
+
+
 def instances() -> dict[str, tuple]:
     train = hetpar.load_training
     return {
+        "amp-het-12/gpt2-medium": (parse_cluster(AMP_HET_12, "<amp-het-12>"),
+                                   hetpar.load_model("gpt2-medium"), train()),
         "amp-het-16/gpt2-medium": (hetpar.load_cluster("amp-het-16"),
                                    hetpar.load_model("gpt2-medium"), train()),
         "amp-homo-16/gpt2-medium": (hetpar.load_cluster("amp-homo-16"),

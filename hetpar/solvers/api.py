@@ -104,6 +104,14 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     seed_value = seed.value if seed.found else math.inf
     problem = Problem(cm, space, obj, deadline, seed_value)
     tasks = root_tasks(problem)
+    # Most promising subtrees first (least bound): good plans found early prune the rest,
+    # and with several workers the long tails start first.
+    order_bounds = make_bounds(problem)
+    ranker = Searcher(problem, LocalIncumbent(seed_value), order_bounds)
+    rank = {t: prefix_lower_bound(order_bounds, ranker.combos, t,
+                                  space.take(space.capacity, t[0]), seed_value)
+            for t in tasks}
+    tasks.sort(key=lambda t: rank[t])
     if executor is None:
         if workers > 1:
             from hetpar.solvers.parallel import ProcessExecutor

@@ -121,22 +121,26 @@ def _add_scoring_args(p: argparse.ArgumentParser, samples_help: str) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
-def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
+def _load_instance(args: argparse.Namespace) -> tuple:
+    """(cluster, model, training, constants) named by the instance options."""
     from hetpar.cluster.topology import load_cluster
     from hetpar.costmodel.constants import load_constants
+    from hetpar.workload.model import load_model
+    from hetpar.workload.training import load_training
+
+    return (load_cluster(args.cluster, gpu_catalogs=args.gpus), load_model(args.model),
+            load_training(args.training), load_constants(args.calibration))
+
+
+def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     from hetpar.costmodel.estimate import CostModel
     from hetpar.costmodel.objective import Objective
     from hetpar.plan import Plan
-    from hetpar.workload.model import load_model
-    from hetpar.workload.training import load_training
 
     objective = Objective.parse(args.objective)
     if args.samples < 0:
         raise ConfigError("--samples", "", f"must not be negative, got {args.samples}")
-    cluster = load_cluster(args.cluster, gpu_catalogs=args.gpus)
-    model = load_model(args.model)
-    training = load_training(args.training)
-    constants = load_constants(args.calibration)
+    cluster, model, training, constants = _load_instance(args)
     plan = Plan.load(args.plan)
     cm = CostModel(cluster, model, training, constants=constants, samples=args.samples,
                    seed=args.seed)
@@ -155,12 +159,8 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
-    from hetpar.cluster.topology import load_cluster
-    from hetpar.costmodel.constants import load_constants
     from hetpar.costmodel.objective import Objective
     from hetpar.solvers.api import Progress, solve
-    from hetpar.workload.model import load_model
-    from hetpar.workload.training import load_training
 
     objective = Objective.parse(args.objective)
     if args.workers < 1:
@@ -169,10 +169,7 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
     if args.samples < 1:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
-    cluster = load_cluster(args.cluster, gpu_catalogs=args.gpus)
-    model = load_model(args.model)
-    training = load_training(args.training)
-    constants = load_constants(args.calibration)
+    cluster, model, training, constants = _load_instance(args)
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")

@@ -9,9 +9,8 @@ unequal sizes it is the time at which work-conserving sharing empties that chann
 
 from __future__ import annotations
 
-import numpy as np
 
-__all__ = ["ring_allreduce_time", "channel_phase_time", "colocated_transfers"]
+__all__ = ["ring_allreduce_time", "colocated_transfers"]
 
 
 def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_s: float) -> float:
@@ -19,14 +18,6 @@ def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_
     if n <= 1:
         return 0.0
     return 2.0 * (n - 1) / n * nbytes / bytes_per_s + 2.0 * (n - 1) * step_latency_s
-
-
-def channel_phase_time(channels: np.ndarray, loads: np.ndarray, inv_bw: np.ndarray) -> np.ndarray:
-    """Time for channels to carry ``loads`` bytes, per bandwidth sample.
-
-    ``inv_bw`` is (samples, channels) seconds per byte; returns (samples,).
-    """
-    return (inv_bw[:, channels] * loads).max(axis=1)
 
 
 def colocated_transfers(src: dict[int, float], dst: dict[int, float],

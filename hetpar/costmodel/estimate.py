@@ -18,7 +18,7 @@ import numpy as np
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.comm import colocated_transfers, ring_allreduce_time
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
-from hetpar.costmodel.constants import CostConstants, load_constants
+from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import (in_flight, layer_activation_bytes, logits_bytes,
                                      stage_params_per_gpu)
 from hetpar.costmodel.objective import Objective, cvar
@@ -30,7 +30,6 @@ from hetpar.workload.training import TrainingSpec
 
 __all__ = ["CostModel", "CoreTerms", "Estimate", "StageCost", "ReplicaMemory", "estimate"]
 
-GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -252,8 +251,9 @@ class CostModel:
             out = self._transfer_cache[key] = colocated_transfers(a, b)
         return out
 
-    def _phase(self, loads: dict[int, float]) -> np.ndarray | float:
-        """Bottleneck time of concurrent flows given bytes per directed channel."""
+    def phase_time(self, loads: dict[int, float]) -> np.ndarray | float:
+        """Bottleneck time (per sample) of concurrent flows given bytes per directed
+        channel: see comm.py for why this is their max-min fair completion time."""
         if not loads:
             return 0.0
         chans = np.fromiter(loads.keys(), dtype=np.intp, count=len(loads))
@@ -428,7 +428,7 @@ class CostModel:
             boundary[:, b_cols] = np.maximum(boundary[:, b_cols], 2.0 * inter)
         stage_s = np.array([w.total for w in works])
         pipe, cycle = one_f_one_b(stage_s, boundary, plan.micro_batches)
-        dp_time = max(dp_intra) + (self._phase(dp_loads) + dp_lat if dp_loads else 0.0)
+        dp_time = max(dp_intra) + (self.phase_time(dp_loads) + dp_lat if dp_loads else 0.0)
         total = pipe + dp_time + (opt_s + fw.iteration_overhead_s)
         return CoreTerms(total, feasible, works, params_l, used_l, perfs_l, host_ids, boundary,
                      stage_s, cycle, dp_time, dp_intra, opt_s)

@@ -277,9 +277,7 @@ class Bounds:
             self.batch // m, min(p.intra_bw for p in perfs), max(p.intra_step_s for p in perfs))
         times = np.full(self.cm.num_samples, intra)
         if loads:
-            chans = np.fromiter(loads, dtype=np.intp, count=len(loads))
-            vols = np.fromiter(loads.values(), dtype=float, count=len(loads))
-            times = np.maximum(times, (self.cm.inv_bw[:, chans] * vols).max(axis=1) + lat)
+            times = np.maximum(times, self.cm.phase_time(loads) + lat)
         out = float(self.reduce(2.0 * times))
         self._profiles[key] = out
         return out

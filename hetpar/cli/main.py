@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("kind", nargs="?", default="all",
                      choices=("all", "clusters", "models", "training", "gpus"))
     lst.set_defaults(func=_cmd_list)
+    _add_suite_parser(sub)
     return parser
 
 
@@ -289,6 +290,131 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
         else:
             names = list_bundled(kind)
         console.print(f"[bold]{kind}[/]: {', '.join(names)}")
+    return 0
+
+
+# ---- hetpar suite: topology suites (hetpar/envs/generator.py) --------------------------------
+
+def _add_suite_parser(sub: argparse._SubParsersAction) -> None:
+    suite = sub.add_parser(
+        "suite", help="list topology suites, show or save their instances",
+        description="Topology suites are seeded families of instances (cluster, bandwidth "
+                    "models, model, training) for the plan-building environment; format in "
+                    "configs/README.md section 8.")
+    ssub = suite.add_subparsers(dest="suite_command", metavar="ACTION")
+    ssub.required = True
+    show = ssub.add_parser("show", help="print sampled instances of a suite",
+                           description="Print instances start .. start+n-1 of a suite: hosts by "
+                                       "GPU type, network shape, bandwidth figures, model, batch.")
+    show.add_argument("suite", metavar="SUITE", help="bundled suite name, suite file or a saved "
+                                                     "instance file")
+    show.add_argument("--n", type=int, default=5, help="instances to show (default 5)")
+    show.add_argument("--seed-offset", type=int, default=0, metavar="K",
+                      help="index of the first instance (default 0)")
+    show.add_argument("--json", action="store_true",
+                      help="print one JSON object (summaries and full instance documents)")
+    show.set_defaults(func=_cmd_suite_show)
+    smp = ssub.add_parser("sample", help="write instances of a suite to a file (a fixed test set)",
+                          description="Write instances start .. start+n-1 to a YAML (or .json) "
+                                      "file that 'hetpar suite show FILE' and load_suite read.")
+    smp.add_argument("suite", metavar="SUITE")
+    smp.add_argument("--n", type=int, required=True, help="number of instances")
+    smp.add_argument("--seed-offset", type=int, default=0, metavar="K",
+                     help="index of the first instance (default 0)")
+    smp.add_argument("--out", required=True, metavar="FILE", help="output file (.yaml or .json)")
+    smp.set_defaults(func=_cmd_suite_sample)
+    lss = ssub.add_parser("list", help="list the bundled suites")
+    lss.set_defaults(func=_cmd_suite_list)
+
+
+def _suite_range(args: argparse.Namespace):
+    from hetpar.envs.generator import load_suite
+
+    if args.n < 0:
+        raise ConfigError("--n", "", f"must not be negative, got {args.n}")
+    if args.seed_offset < 0:
+        raise ConfigError("--seed-offset", "", f"must not be negative, got {args.seed_offset}")
+    suite = load_suite(args.suite)
+    return suite, suite.instances(args.n, start=args.seed_offset)
+
+
+def _cmd_suite_show(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.envs.generator import describe_instance
+
+    suite, instances = _suite_range(args)
+    if args.json:
+        print(json.dumps({"suite": suite.name, "max_hosts": suite.max_hosts, "size": suite.size,
+                          "instances": [{"summary": describe_instance(inst),
+                                         "instance": inst.to_dict()} for inst in instances]}))
+        return 0
+
+    def span(lo_hi: list, fmt: str = "{:g}") -> str:
+        lo, hi = (fmt.format(v) for v in lo_hi)
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    def out(text: str) -> None:
+        console.print(text, highlight=False, soft_wrap=True)
+
+    size = f", {suite.size} instances" if suite.size is not None else ""
+    out(f"[bold]{suite.name}[/] (max_hosts {suite.max_hosts}{size})")
+    for inst in instances:
+        d = describe_instance(inst)
+        hosts = ", ".join(f"{g['count']}x {g['gpu']} ({g['gpus_per_host']} GPU"
+                          f"{'s' if g['gpus_per_host'] > 1 else ''}, {g['nic_gbps']:g} Gb/s)"
+                          for g in d["host_groups"])
+        net = d["network"]
+        shape = net["shape"]
+        if "leaves" in net:
+            shape += f", {net['leaves']} leaves, {net['oversubscription']:g}:1 oversubscribed"
+        if "sites" in net:
+            shape += f", {net['sites']} sites"
+        m, t = d["model"], d["training"]
+        out(f"\n[bold]{d['name']}[/] (seed {d['seed']}): {d['hosts']} hosts, {d['gpus']} GPUs")
+        out(f"  hosts    {hosts}")
+        out(f"  network  {shape}")
+        for key, label in (("uplinks", "uplinks"), ("fabric", "fabric"), ("wan", "WAN")):
+            st = d.get(key)
+            if not st or not st["count"]:
+                continue
+            lat = st["latency_us"]
+            lat_txt = (span([v / 1000 for v in lat], "{:.0f}") + " ms" if lat[0] >= 1000
+                       else span(lat) + " us")
+            out(f"  {label:<8} {st['count']} link{'s' if st['count'] > 1 else ''}, "
+                f"{span(st['capacity_gbps'])} Gb/s, mean {span(st['mean_fraction'], '{:.0%}')} "
+                f"of capacity, cv {span(st['cv'], '{:.2f}')} ({st['stochastic']} log-normal), "
+                f"latency {lat_txt}")
+        out(f"  model    {m['name']} ({m['params_B']:.2f}B, {m['layers']} layers, "
+            f"{m['heads']} heads, s {m['seq_len']}), global batch {t['global_batch']}, "
+            f"{t['precision']}")
+    return 0
+
+
+def _cmd_suite_sample(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.envs.generator import save_instances
+
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise ConfigError(str(out), "", "its folder does not exist")
+    if args.n < 1:
+        raise ConfigError("--n", "", f"must be at least 1, got {args.n}")
+    suite, instances = _suite_range(args)
+    save_instances(out, instances, suite=suite.name, max_hosts=suite.max_hosts)
+    console.print(f"wrote {len(instances)} instances of {suite.name} to {out} "
+                  f"(load them with: hetpar suite show {out})", highlight=False)
+    return 0
+
+
+def _cmd_suite_list(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.envs.generator import list_suites, load_suite
+
+    for name in list_suites():
+        suite = load_suite(name)
+        spec = suite.spec
+        hosts = f"{spec.hosts[0]}-{spec.hosts[1]} hosts" if spec else ""
+        first = suite.description.split(":")[0].strip()
+        console.print(f"[bold]{name}[/]: {hosts}, max_hosts {suite.max_hosts}"
+                      + (f", {suite.size} instances" if suite.size else "") + f". {first}",
+                      highlight=False, soft_wrap=True)
     return 0
 
 

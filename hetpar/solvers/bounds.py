@@ -315,43 +315,57 @@ class Bounds:
     def prefix_alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...], m: int,
                      rc: str, target: float) -> tuple[bool, bool]:
         """(may a plan starting with ``prefix`` beat ``target``, is it memory that rules it
-        out). Covers the prefix closed as a pipeline and every extension of it.
+        out). Covers the prefix closed as a pipeline and every extension of it."""
+        closed, opened, by_memory = self.prefix_status(prefix, free, m, rc, target)
+        return closed or opened, by_memory
+
+    def prefix_status(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...], m: int,
+                      rc: str, target: float) -> tuple[bool, bool, bool]:
+        """(may the prefix closed as a pipeline beat ``target``, may some extension of it
+        by one or more stages, is it memory that rules both out).
+
+        The two halves are reported apart because each is inherited: a combination whose
+        extensions are all ruled out here stays ruled out for every longer prefix (the
+        bound covers them and the target only falls), so the search passes the open
+        combinations down and closes a prefix only under the closed ones.
 
         With ``u_i = a_i n_i + g_i`` (work plus transfers) the iteration is at least
         ``fixed + sum_i a_i n_i + max_i ((M-1) u_i + d_i n_i + e_i)`` (``e_i``: the
         all-reduce of a stage's embedding or head). For a threshold ``tau`` on the maximum
-        each stage holds at most ``(tau - (M-1) g_i - e_i) / ((M-1) a_i + d_i)`` layers, and stages still to be built from the free GPUs at most what a knapsack
-        over stage shapes allows, each layer costing at least the cheapest shape's
-        ``a``. The cheapest filling of the layers is then a greedy over costs; since it
-        only falls as ``tau`` grows, ``tau_k + fill(tau_{k+1})`` bounds every threshold
-        between two grid points."""
+        each stage holds at most ``(tau - (M-1) g_i - e_i) / ((M-1) a_i + d_i)`` layers,
+        and stages still to be built from the free GPUs at most what a knapsack over
+        stage shapes allows, each layer costing at least the cheapest shape's ``a``. The
+        cheapest filling of the layers is then a greedy over costs; since it only falls as
+        ``tau`` grows, ``tau_k + fill(tau_{k+1})`` bounds every threshold between two grid
+        points."""
         if not math.isfinite(target):
             # Without an incumbent only memory can rule a prefix out.
             for i, st in enumerate(prefix):
                 prof = self.profile(st, m, rc, i, len(prefix), i == 0, False)
                 if prof is None or prof.cap < 1:
-                    return False, prof is not None
-            return True, False
+                    return False, False, prof is not None
+            return True, True, False
         n = len(prefix)
         profiles = []
         for i, st in enumerate(prefix):
             prof = self.profile(st, m, rc, i, n, i == 0, False)
             if prof is None:
-                return False, False
+                return False, False, False
             if prof.cap < 1:
-                return False, True
+                return False, False, True
             profiles.append(prof)
         trans = [self.boundary(x, y, m) for x, y in zip(prefix, prefix[1:])]
         base = self.fixed + sum(p.b for p in profiles) + sum(trans)
         if base >= target:
-            return False, False
+            return False, False, False
         pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
                       for t in self.space.types]
         pool_types = [(t, g) for t, g in pool_types if any(g)]
         exit_ = self.exit_time(prefix[-1], free, m) if pool_types else math.inf
         pool_a = self.pool_min_layer_time(pool_types, m, rc) if pool_types else math.inf
         c_in = [0.0] + trans
-        for closed in (True, False):
+        status = [False, False]
+        for k, closed in enumerate((True, False)):
             if not closed and not math.isfinite(exit_):
                 break
             fixed = base if closed else base + exit_
@@ -369,8 +383,9 @@ class Bounds:
                 fill = self._fill(profiles, icpt, slope, hi, m, rc,
                                   None if closed else (pool_types, pool_a, target))
                 if lo + fill < room:
-                    return True, False
-        return False, False
+                    status[k] = True
+                    break
+        return status[0], status[1], False
 
     def _fill(self, profiles: list[StageProfile], icpt: list[float], slope: list[float],
               tau: float, m: int, rc: str, pool) -> float:

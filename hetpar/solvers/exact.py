@@ -142,29 +142,51 @@ class Searcher:
                                        for rc in space.recompute_modes]
         return out
 
-    def alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...]) -> bool:
-        """Whether some plan extending ``prefix`` may beat the incumbent; counts prunes."""
+    def status(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...],
+               inherited: frozenset[tuple[int, str]] | None,
+               ) -> tuple[list[tuple[int, str]], frozenset[tuple[int, str]]]:
+        """(combinations under which the prefix closed as a pipeline may beat the
+        incumbent, combinations under which some extension may); counts prunes.
+
+        Only combinations still open at the parent are tried (``inherited``; None at a
+        task's root): the parent's bound already covers this prefix's extensions."""
         target = self.target()
         memory_only = True
-        for m, rc in self.combos(s.dp for s in prefix):
-            ok, by_memory = self.bounds.prefix_alive(prefix, free, m, rc, target)
-            if ok:
-                return True
+        closed: list[tuple[int, str]] = []
+        opened: list[tuple[int, str]] = []
+        for combo in self.combos(s.dp for s in prefix):
+            if inherited is not None and combo not in inherited:
+                memory_only = False
+                continue
+            c_ok, o_ok, by_memory = self.bounds.prefix_status(prefix, free, combo[0], combo[1],
+                                                              target)
+            if c_ok:
+                closed.append(combo)
+            if o_ok:
+                opened.append(combo)
             memory_only &= by_memory
-        if memory_only:
-            self.counters.pruned_memory += 1
-        else:
-            self.counters.pruned_bound += 1
-        return False
+        if not closed and not opened:
+            if memory_only:
+                self.counters.pruned_memory += 1
+            else:
+                self.counters.pruned_bound += 1
+        return closed, frozenset(opened)
+
+    def alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...]) -> bool:
+        """Whether some plan extending ``prefix`` may beat the incumbent; counts prunes."""
+        closed, opened = self.status(prefix, free, None)
+        return bool(closed or opened)
 
     def walk(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...],
-             sym: SymmetryCheck) -> None:
+             sym: SymmetryCheck, inherited: frozenset[tuple[int, str]] | None = None) -> None:
         self._check_time()
         self.counters.nodes += 1
-        if not self.alive(prefix, free):
+        closed, opened = self.status(prefix, free, inherited)
+        if not closed and not opened:
             return
-        self.close(prefix)
-        if len(prefix) >= self.layers:
+        if closed:
+            self.close(prefix, closed)
+        if len(prefix) >= self.layers or not opened:
             return
         children = sorted(self.problem.space.stage_choices(free), key=lambda s: -s.gpus)
         for stage in children:
@@ -172,12 +194,13 @@ class Searcher:
             if nxt is None:
                 self.counters.pruned_symmetry += 1
                 continue
-            self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt)
+            self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt, opened)
 
     # ---- closing a prefix: the best layer split -----------------------------------------
-    def close(self, stages: tuple[StageChoice, ...]) -> None:
+    def close(self, stages: tuple[StageChoice, ...],
+              combos: Iterable[tuple[int, str]] | None = None) -> None:
         p = len(stages)
-        for m, rc in self.combos(s.dp for s in stages):
+        for m, rc in self.combos(s.dp for s in stages) if combos is None else combos:
             profiles = []
             for i, st in enumerate(stages):
                 prof = self.bounds.profile(st, m, rc, i, p, i == 0, i == p - 1)

@@ -215,22 +215,36 @@ class Searcher:
                 best_split(self, stages, profiles, m, rc)
 
 
-def _waterfill(a: list[float], g: list[float], total: float) -> float:
-    """min over n >= 1 (real), sum n = total, of max_i (a_i n_i + g_i)."""
-    if not a:
-        return -math.inf
-    lo = max(ai + gi for ai, gi in zip(a, g))
-    if total <= len(a):
-        return lo
-    hi = lo + max(a) * total
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        need = sum(max(1.0, (mid - gi) / ai) if ai > 0 else math.inf for ai, gi in zip(a, g))
-        if need >= total:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+class _SuffixFill:
+    """``min over real n_i >= 1 with sum_i n_i = total of max_i (a_i n_i + g_i)`` for
+    every suffix ``i >= j`` of the stages, in O(1) per query.
+
+    At any level ``tau >= max_i (a_i + g_i)`` every stage can hold its one layer, so the
+    layers a level admits are ``sum_i (tau - g_i) / a_i``, linear in ``tau``: the least
+    level is ``max(max_i (a_i + g_i), (total + sum_i g_i / a_i) / sum_i 1 / a_i)``. The
+    suffix sums and maxima are tabulated once per pipeline (the search asks for every
+    suffix at every node of the split tree)."""
+
+    def __init__(self, a: list[float], g: list[float]) -> None:
+        p = len(a)
+        self.lo = [-math.inf] * (p + 1)
+        self.inv = [0.0] * (p + 1)
+        self.ga = [0.0] * (p + 1)
+        self.free = [False] * (p + 1)  # a stage with a == 0 holds any number of layers
+        for i in range(p - 1, -1, -1):
+            self.lo[i] = max(self.lo[i + 1], a[i] + g[i])
+            if a[i] > 0:
+                self.inv[i] = self.inv[i + 1] + 1.0 / a[i]
+                self.ga[i] = self.ga[i + 1] + g[i] / a[i]
+                self.free[i] = self.free[i + 1]
+            else:
+                self.inv[i], self.ga[i], self.free[i] = self.inv[i + 1], self.ga[i + 1], True
+
+    def __call__(self, j: int, total: float) -> float:
+        lo = self.lo[j]
+        if self.free[j] or self.inv[j] <= 0:
+            return lo
+        return max(lo, (total + self.ga[j]) / self.inv[j])
 
 
 def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StageProfile], m: int,
@@ -279,15 +293,24 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
     joint_a = [(m - 1) * pr.a + pr.d for pr in prof]
     joint_g = [(m - 1) * g + pr.d0 for g, pr in zip(gam, prof)]
 
+    fill_cycle = _SuffixFill(a, gam)
+    fill_joint = _SuffixFill(joint_a, joint_g)
+    # Suffix maxima of the least all-reduce and optimizer time of a stage (one layer).
+    dp_suffix = [-math.inf] * (p + 1)
+    opt_suffix = [-math.inf] * (p + 1)
+    for i in range(p - 1, -1, -1):
+        dp_suffix[i] = max(dp_suffix[i + 1], prof[i].d + prof[i].d0)
+        opt_suffix[i] = max(opt_suffix[i + 1], prof[i].opt_a + prof[i].opt_b)
+
     def lower(j: int, used: int, work: float, cycle: float, dp: float, opt: float,
               joint: float) -> float:
         """Bound of any completion once stages < j have their layers."""
         rest = L - used
         if j < p:
-            tail = _waterfill(a[j:], gam[j:], rest)
-            joint_tail = _waterfill(joint_a[j:], joint_g[j:], rest)
-            dp_rest = max(prof[i].d + prof[i].d0 for i in range(j, p))
-            opt_rest = max(prof[i].opt_a + prof[i].opt_b for i in range(j, p))
+            tail = fill_cycle(j, rest)
+            joint_tail = fill_joint(j, rest)
+            dp_rest = dp_suffix[j]
+            opt_rest = opt_suffix[j]
             work += suffix_min_a[j] * rest
         else:
             tail = joint_tail = dp_rest = opt_rest = -math.inf

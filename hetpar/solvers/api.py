@@ -103,15 +103,19 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     seed = metis(cm, space, obj)
     seed_value = seed.value if seed.found else math.inf
     problem = Problem(cm, space, obj, deadline, seed_value)
-    tasks = root_tasks(problem)
-    # Most promising subtrees first (least bound): good plans found early prune the rest,
-    # and with several workers the long tails start first.
+    # Several workers get the subtrees below the first two stages, so that no single task
+    # dominates; one worker walks the first stages' subtrees whole.
+    tasks = root_tasks(problem, depth=2 if workers > 1 else 1)
+    # Most promising subtrees first (least bound of their first stage): good plans found
+    # early prune the rest, and with several workers the long tails start first. Python's
+    # sort is stable, so a first stage's tasks keep their order (close-only one first).
     order_bounds = make_bounds(problem)
     ranker = Searcher(problem, LocalIncumbent(seed_value), order_bounds)
-    rank = {t: prefix_lower_bound(order_bounds, ranker.combos, t,
-                                  space.take(space.capacity, t[0]), seed_value)
-            for t in tasks}
-    tasks.sort(key=lambda t: rank[t])
+    rank = {t.prefix[0]: prefix_lower_bound(order_bounds, ranker.combos, t.prefix[:1],
+                                            space.take(space.capacity, t.prefix[0]),
+                                            seed_value, steps=8)
+            for t in tasks if len(t.prefix) == 1}
+    tasks.sort(key=lambda t: rank[t.prefix[0]])
     if executor is None:
         if workers > 1:
             from hetpar.solvers.parallel import ProcessExecutor
@@ -149,8 +153,8 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         probe = Searcher(problem, LocalIncumbent(value), bounds)
         for i, task in enumerate(tasks):
             if i not in results or not results[i].finished:
-                free = space.take(space.capacity, task[0])
-                lb = min(lb, prefix_lower_bound(bounds, probe.combos, task, free, value))
+                lb = min(lb, prefix_lower_bound(bounds, probe.combos, task.prefix,
+                                                task.free(space), value))
     else:
         lb = value
     size, exact_size = estimate_space_size(space, probes=64)

@@ -39,7 +39,7 @@ from hetpar.solvers.bounds import Bounds, StageProfile
 from hetpar.solvers.space import PlanSpace, StageChoice, SymmetryCheck
 
 __all__ = ["Problem", "TaskResult", "SearchExecutor", "InlineExecutor", "Incumbent",
-           "search_subtree", "best_split", "root_tasks", "estimate_space_size",
+           "search_subtree", "best_split", "root_tasks", "Task", "estimate_space_size",
            "prefix_lower_bound", "make_bounds"]
 
 
@@ -439,14 +439,44 @@ def _proportional(total: int, speed: list[float], caps: list[int]) -> tuple[int,
 
 # ---- tasks and executors -------------------------------------------------------------
 
-def root_tasks(problem: Problem) -> list[tuple[StageChoice, ...]]:
-    """The canonical first stages: each roots one independent subtree."""
+@dataclass(frozen=True)
+class Task:
+    """One independent piece of the search: every plan whose pipeline starts with
+    ``prefix`` (``expand``), or only the prefix closed as a pipeline (not ``expand``:
+    its extensions are other tasks)."""
+
+    prefix: tuple[StageChoice, ...]
+    expand: bool = True
+
+    def free(self, space: PlanSpace) -> tuple[int, ...]:
+        free = space.capacity
+        for st in self.prefix:
+            free = space.take(free, st)
+        return free
+
+
+def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
+    """The canonical prefixes of ``depth`` stages, each rooting an independent subtree,
+    and every shorter canonical prefix as a close-only task. Splitting deeper gives
+    several workers many small tasks instead of a few dominant ones."""
     space = problem.space
-    sym = SymmetryCheck.start(space)
-    out = []
-    for stage in sorted(space.stage_choices(space.capacity), key=lambda s: -s.gpus):
-        if sym.extend(stage) is not None:
-            out.append((stage,))
+    out: list[Task] = []
+
+    def grow(prefix: tuple[StageChoice, ...], free: tuple[int, ...],
+             sym: SymmetryCheck) -> None:
+        for stage in sorted(space.stage_choices(free), key=lambda s: -s.gpus):
+            nxt = sym.extend(stage)
+            if nxt is None:
+                continue
+            here = prefix + (stage,)
+            rest = space.take(free, stage)
+            if len(here) >= depth or len(here) >= space.model.layers or not any(rest):
+                out.append(Task(here))
+            else:
+                out.append(Task(here, expand=False))
+                grow(here, rest, nxt)
+
+    grow((), space.capacity, SymmetryCheck.start(space))
     return out
 
 
@@ -454,19 +484,27 @@ def make_bounds(problem: Problem) -> Bounds:
     return Bounds(problem.cm, problem.space, problem.objective, max(problem.space.zero_stages))
 
 
-def search_subtree(problem: Problem, prefix: tuple[StageChoice, ...], incumbent: Incumbent,
+def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incumbent: Incumbent,
                    bounds: Bounds | None = None) -> TaskResult:
-    """Search every plan whose pipeline starts with ``prefix`` (one task)."""
+    """Search one task (a bare prefix means every plan that starts with it)."""
+    if not isinstance(task, Task):
+        task = Task(tuple(task))
     s = Searcher(problem, incumbent, bounds)
     space = problem.space
     free = space.capacity
     sym = SymmetryCheck.start(space)
-    for st in prefix:
+    for st in task.prefix:
         free = space.take(free, st)
         sym = sym.extend(st)  # type: ignore[assignment]
     finished = True
     try:
-        s.walk(prefix, free, sym)
+        if task.expand:
+            s.walk(task.prefix, free, sym)
+        else:
+            s.counters.nodes += 1
+            closed, _ = s.status(task.prefix, free, None)
+            if closed:
+                s.close(task.prefix, closed)
     except _Stop:
         finished = False
     return TaskResult(s.best_value, s.best_plan, s.counters, finished)
@@ -477,7 +515,7 @@ class SearchExecutor(Protocol):
 
     workers: int
 
-    def run(self, problem: Problem, tasks: list[tuple[StageChoice, ...]],
+    def run(self, problem: Problem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None]) -> None: ...
 
     def incumbent(self) -> float: ...
@@ -490,7 +528,7 @@ class InlineExecutor:
     workers: int = 1
     _incumbent: LocalIncumbent = field(default_factory=LocalIncumbent)
 
-    def run(self, problem: Problem, tasks: list[tuple[StageChoice, ...]],
+    def run(self, problem: Problem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None]) -> None:
         self._incumbent.offer(problem.seed_value)
         bounds = make_bounds(problem)
@@ -548,7 +586,7 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
 
 
 def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[StageChoice, ...],
-                       free: tuple[int, ...], upper: float) -> float:
+                       free: tuple[int, ...], upper: float, steps: int = 16) -> float:
     """The least iteration time any plan extending ``prefix`` may have (bisection on the
     pruning test, which is monotone in its target)."""
     combos = searcher_combos(s.dp for s in prefix)
@@ -563,7 +601,7 @@ def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[
     if not alive(upper):
         return upper
     lo, hi = 0.0, upper
-    for _ in range(16):  # a bound within 2**-16 of the incumbent is plenty
+    for _ in range(steps):  # a bound within 2**-16 of the incumbent is plenty
         mid = (lo + hi) / 2
         if alive(mid):
             hi = mid

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from hetpar.solvers.exact import Problem, TaskResult, make_bounds, search_subtree
-from hetpar.solvers.space import StageChoice
+from hetpar.solvers.exact import Problem, Task, TaskResult, make_bounds, search_subtree
 
 __all__ = ["ProcessExecutor", "SharedIncumbent"]
 
@@ -46,8 +45,8 @@ def _init_worker(problem: Problem, cell: object) -> None:
     _WORKER["bounds"] = make_bounds(problem)
 
 
-def _run_task(prefix: tuple[StageChoice, ...]) -> TaskResult:
-    return search_subtree(_WORKER["problem"], prefix, _WORKER["incumbent"],  # type: ignore[arg-type]
+def _run_task(task: Task) -> TaskResult:
+    return search_subtree(_WORKER["problem"], task, _WORKER["incumbent"],  # type: ignore[arg-type]
                           _WORKER["bounds"])  # type: ignore[arg-type]
 
 
@@ -56,7 +55,7 @@ class ProcessExecutor:
     workers: int = 2
     _cell: object = field(default=None)
 
-    def run(self, problem: Problem, tasks: list[tuple[StageChoice, ...]],
+    def run(self, problem: Problem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None]) -> None:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         self._cell = ctx.Value("d", problem.seed_value)

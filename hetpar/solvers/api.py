@@ -151,10 +151,13 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         bounds = make_bounds(problem)
         lb = value
         probe = Searcher(problem, LocalIncumbent(value), bounds)
-        for i, task in enumerate(tasks):
-            if i not in results or not results[i].finished:
-                lb = min(lb, prefix_lower_bound(bounds, probe.combos, task.prefix,
-                                                task.free(space), value))
+        # The bound of a first stage covers every task below it: one bisection per first
+        # stage with unfinished work instead of one per task.
+        firsts = {task.prefix[:1] for i, task in enumerate(tasks)
+                  if i not in results or not results[i].finished}
+        for first in firsts:
+            lb = min(lb, prefix_lower_bound(bounds, probe.combos, first,
+                                            space.take(space.capacity, first[0]), value))
     else:
         lb = value
     size, exact_size = estimate_space_size(space, probes=64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,8 +126,22 @@ def parse_gpu_catalog(data: object, source: str) -> GpuCatalog:
 
 def load_gpu_catalog(extra: Iterable[str | Path] = ()) -> GpuCatalog:
     """The bundled catalog, extended by the user's own catalog files (later files win)."""
-    path = bundled_dir() / "gpus.yaml"
-    catalog = parse_gpu_catalog(load_document(path), str(path))
+    catalog = _catalog_file(bundled_dir() / "gpus.yaml")
     for more in extra:
-        catalog = catalog.merged(parse_gpu_catalog(load_document(more), str(more)))
+        catalog = catalog.merged(_catalog_file(Path(more)))
     return catalog
+
+
+def _catalog_file(path: Path) -> GpuCatalog:
+    # Environments parse thousands of generated clusters: parse each catalog file once
+    # per version of it (the catalog is immutable, so sharing it is safe).
+    try:
+        st = path.stat()
+    except OSError:
+        return parse_gpu_catalog(load_document(path), str(path))  # reports the error
+    return _parse_catalog_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_catalog_cached(path: str, mtime_ns: int, size: int) -> GpuCatalog:
+    return parse_gpu_catalog(load_document(path), path)

@@ -13,6 +13,7 @@ Table 1 and AMP's homogeneous runs) and judged on held-out data by ``hetpar vali
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -177,4 +178,14 @@ def parse_constants(data: Any, source: str) -> CostConstants:
 def load_constants(path: str | Path | None = None) -> CostConstants:
     """The bundled calibration, or a calibration file of the same format."""
     path = Path(path) if path is not None else bundled_dir() / "calibration.yaml"
-    return parse_constants(load_document(path), str(path))
+    try:
+        st = path.stat()
+    except OSError:
+        return parse_constants(load_document(path), str(path))  # reports the error
+    return _constants_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _constants_cached(path: str, mtime_ns: int, size: int) -> CostConstants:
+    # Parsed once per version of the file: environments build a cost model per instance.
+    return parse_constants(load_document(path), path)

@@ -9,6 +9,7 @@ operation over the K states at once.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,6 +212,30 @@ class CostModel:
         self._transfer_cache: dict[tuple, list[tuple[int, int, float]]] = {}
         self._memory_cache: dict[tuple, tuple[float, float]] = {}
         self._flow_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
+
+    def with_bandwidth(self, bandwidth: np.ndarray) -> CostModel:
+        """The same context under other bandwidth states (K, links) in Gb/s.
+
+        The memoised work, memory and flow tables do not depend on bandwidth, so the copy
+        shares them: scoring one plan per fresh bandwidth draw stays cheap."""
+        bandwidth = np.atleast_2d(np.asarray(bandwidth, dtype=float))
+        if bandwidth.shape[1] != len(self.cluster.links) or not np.all(bandwidth > 0):
+            raise ConfigError("", "bandwidth", f"expected positive (K, {len(self.cluster.links)})"
+                                               f" link bandwidths, got shape {bandwidth.shape}")
+        other = copy.copy(self)
+        other.link_gbps = bandwidth
+        other.inv_bw = 1.0 / (self.cluster.channel_bytes_per_s(bandwidth)
+                              * self.framework.net_efficiency)
+        other.num_samples = bandwidth.shape[0]
+        return other
+
+    @property
+    def model_flops_per_iter(self) -> float:
+        """Model FLOPs of one iteration (forward and backward, no recomputation)."""
+        model = self.model
+        per_token = 3.0 * (model.layers * model.layer_fwd_flops_per_token(self.seq_len)
+                           + model.head_fwd_flops_per_token)
+        return per_token * self.training.global_batch * self.seq_len
 
     # ---- helpers ---------------------------------------------------------------------
     def _host_perf(self, host_idx: int, source: str, where: str) -> GpuPerf:
@@ -449,7 +474,6 @@ class CostModel:
         core = self.core(plan, source)
         p = plan.num_stages
         fw = self.framework
-        model = self.model
         total = core.total
         breakdown = {
             "pipeline_fill": float(core.stage_s.sum() + core.boundary.sum(axis=1).mean()),
@@ -481,14 +505,12 @@ class CostModel:
             f"{(m.used_bytes - m.usable_bytes) / GIB:.2f} GiB)"
             for m in memories if not m.fits)
         tokens = self.training.global_batch * self.seq_len
-        flops_per_token = 3.0 * (model.layers * model.layer_fwd_flops_per_token(self.seq_len)
-                                 + model.head_fwd_flops_per_token)
         peak = sum(perf.peak_flops * st.tp
                    for st, perfs in zip(plan.stages, core.perfs) for perf in perfs)
         return Estimate(plan=plan, iter_time=np.broadcast_to(total, (self.num_samples,)).copy(),
                         feasible=not overflow, stages=tuple(stages), memory=tuple(memories),
                         breakdown=breakdown, overflow=overflow, tokens_per_iter=tokens,
-                        model_flops_per_iter=flops_per_token * tokens, peak_flops=peak,
+                        model_flops_per_iter=self.model_flops_per_iter, peak_flops=peak,
                         samples=self.num_samples)
 
 

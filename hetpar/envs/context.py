@@ -1,0 +1,121 @@
+"""Everything the environment precomputes once per instance and reuses across episodes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.estimate import CostModel
+from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
+from hetpar.envs.feasibility import Completions, HostClasses
+from hetpar.envs.types import Instance
+from hetpar.errors import InfeasibleError
+from hetpar.solvers.space import PlanSpace
+
+__all__ = ["InstanceContext"]
+
+
+@dataclass
+class InstanceContext:
+    """Cost model, plan space, feasibility oracles and static features of one instance.
+
+    ``cm`` scores plans under ``samples`` bandwidth states drawn with the instance's seed
+    (the robust mode's fixed set); the sampled mode swaps in one fresh draw per episode
+    with ``CostModel.with_bandwidth``, sharing the memo tables.
+    """
+
+    instance: Instance
+    cm: CostModel
+    space: PlanSpace
+    classes: HostClasses
+    micro_options: tuple[int, ...]  # divisors of the global batch, ascending
+    ideal_s: float  # model FLOPs of an iteration over the peak of every usable GPU
+    gpus_per_host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    class_of_host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    masks: dict[tuple, np.ndarray] = field(default_factory=dict)
+    _oracles: dict[tuple[str, int, int], Completions] = field(default_factory=dict)
+    _feasible_m: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
+    _any_m: dict[tuple[str, int], bool] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, instance: Instance, *, samples: int, constants: CostConstants | None,
+              max_micro: int) -> InstanceContext:
+        cluster, training = instance.cluster, instance.training
+        seed = instance.seed if instance.seed >= 0 else 0
+        cm = CostModel(cluster, instance.model, training, constants=constants,
+                       samples=samples, seed=seed)
+        space = PlanSpace(cluster, cm.model, training)
+        classes = HostClasses.of(cm)
+        batch = training.global_batch
+        micro = tuple(m for m in range(1, batch + 1) if batch % m == 0)[:max_micro]
+        peak = sum(h.num_gpus * perf.peak_flops for i, h in enumerate(cluster.hosts)
+                   if (perf := cm.host_perf(i)) is not None)
+        if peak <= 0:
+            raise InfeasibleError(f"instance {instance.name}: no GPU supports "
+                                  f"{training.precision} training")
+        return cls(instance, cm, space, classes, micro, cm.model_flops_per_iter / peak,
+                   np.array([h.num_gpus for h in cluster.hosts], dtype=np.float32),
+                   np.array(classes.of_host, dtype=np.int64))
+
+    @property
+    def full_free(self) -> tuple[int, ...]:
+        """Free GPUs per host at the start (0 on hosts that cannot train)."""
+        return tuple(h.num_gpus if self.classes.of_host[i] >= 0 else 0
+                     for i, h in enumerate(self.cluster.hosts))
+
+    @property
+    def cluster(self):  # noqa: ANN201 - a Cluster
+        return self.instance.cluster
+
+    def oracle(self, recompute: str, zero: int, m: int) -> Completions:
+        key = (recompute, zero, m)
+        hit = self._oracles.get(key)
+        if hit is None:
+            hit = self._oracles[key] = Completions(self.cm, self.space, self.classes,
+                                                   recompute, zero, m)
+        return hit
+
+    def allowed_memory_option(self, recompute: str, zero: int) -> bool:
+        """Whether some micro-batch count completes a plan with these memory options."""
+        if recompute not in self.space.recompute_modes or zero not in self.space.zero_stages:
+            return False
+        key = (recompute, zero)
+        if key in self._feasible_m:
+            return bool(self._feasible_m[key])
+        hit = self._any_m.get(key)
+        if hit is None:
+            # Many small micro-batches need the least memory: try them first.
+            hit = any(self.micro_feasible(recompute, zero, m)
+                      for m in reversed(self.micro_options))
+            self._any_m[key] = hit
+        return hit
+
+    def micro_feasible(self, recompute: str, zero: int, m: int) -> bool:
+        layers = self.cm.model.layers
+        return self.oracle(recompute, zero, m).closed(self.full_free, 0, 1 << layers)
+
+    def feasible_micro(self, recompute: str, zero: int) -> tuple[int, ...]:
+        key = (recompute, zero)
+        hit = self._feasible_m.get(key)
+        if hit is None:
+            hit = self._feasible_m[key] = tuple(
+                m for m in self.micro_options if self.micro_feasible(recompute, zero, m))
+        return hit
+
+    def check_feasible(self) -> None:
+        if not any(self.allowed_memory_option(rc, z)
+                   for rc in RECOMPUTE_MODES for z in ZERO_STAGES):
+            raise InfeasibleError(
+                f"instance {self.instance.name}: no feasible plan: {self.cm.model.name} fits on "
+                f"no plan of cluster {self.cluster.name} with training "
+                f"{self.instance.training.name}")
+
+
+def log_scale(x: float, lo: float, hi: float) -> float:
+    """Map [lo, hi] to [0, 1] on a log scale (clipped), for quantities spanning decades."""
+    v = (math.log10(max(x, 1e-12)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+    return min(max(v, 0.0), 1.0)

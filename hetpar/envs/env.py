@@ -1,0 +1,501 @@
+"""``hetpar/PlanBuilder-v0``: build a hybrid-parallel training plan step by step.
+
+An episode builds one plan of the searched plan space (DESIGN.md section 4) for one
+instance (cluster with stochastic bandwidth, model, training) drawn from a topology suite.
+
+**Actions** (one flat ``Discrete``, layout in ``ActionLayout``; use ``action_masks()``):
+
+1. choose the memory options: a (recompute mode, ZeRO stage) pair;
+2. choose the micro-batch count (slot ``i`` = the ``i``-th smallest divisor of the batch);
+3. then stages, built from the **last pipeline stage to the first**: open a stage with a
+   TP degree, add TP blocks (data-parallel replicas) from hosts of one GPU type, close
+   it with ``k`` layers. Closing with all remaining layers makes it the first pipeline
+   stage and ends the episode.
+
+Building back to front is what makes the masks exact and cheap: a stage's activation
+memory under 1F1B depends on how many stages come after it, which is known at that
+point (see ``feasibility.py``).
+
+**Masks** allow exactly the actions after which a plan that fits in memory can still be
+completed, so every episode ends with a feasible plan, and every feasible plan of the
+space (with at most ``max_hosts`` hosts, ``max_layers`` per stage and a micro-batch
+count among the first ``max_micro`` divisors) is reachable: ``actions_for(plan)``.
+
+**Observation** (``Dict`` of ``Box`` in [0, 1], see ``observation.py``): ``hosts``
+(max_hosts x host features: GPU figures, free GPUs, the partial plan), ``host_mask``
+(1 for real hosts), ``pairs`` (max_hosts x max_hosts x route bandwidth mean, its
+variability, this episode's draw, latency) and ``globals`` (phase, choices so far,
+layers left, the open stage, model and training figures).
+
+**Bandwidth modes**: ``sampled`` draws every link once per episode from its bandwidth
+model, shows the draw next to the distribution, and scores the plan under that draw;
+``robust`` shows only the distribution and scores the plan's ``objective`` (mean, pNN
+or cvarA) over a fixed set of ``samples`` draws of the instance.
+
+**Reward**: 0 until the last step; then the plan's cluster model-FLOPs utilisation,
+``T_ideal / T``, where ``T`` is the objective's iteration time and ``T_ideal`` the
+model's FLOPs over the peak of every GPU of the cluster. It is scale-free (comparable
+across clusters and models) and ranks plans of one instance exactly as ``T`` does.
+
+**Termination**: when the plan is complete (``terminated``). ``info`` then has ``plan``
+(a ``Plan``), ``objective_s``, ``iter_time_mean_s``, ``feasible`` and ``instance``.
+An action that the mask forbids (as environment checkers send) leaves the state
+unchanged, gives ``invalid_action_reward`` and ``info["invalid_action"] = True``; after
+``max_invalid_actions`` of them in one episode the episode is truncated.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.objective import Objective
+from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES, ActionLayout
+from hetpar.envs.context import InstanceContext, log_scale
+from hetpar.envs.feasibility import bits_upto
+from hetpar.envs.observation import (observation_space, pair_features, static_globals,
+                                     static_host_features)
+from hetpar.envs.sources import InstanceSource, as_source
+from hetpar.envs.types import Instance
+from hetpar.errors import ConfigError, PlanError
+from hetpar.plan import Plan
+from hetpar.solvers.space import StageChoice
+
+__all__ = ["PlanBuilderEnv"]
+
+_MEMORY, _MICRO, _TP, _BLOCKS, _DONE = range(5)
+_MASK_MEMO = 50_000  # masks memoised per instance before the memo starts afresh
+
+
+@dataclass
+class _Episode:
+    ctx: InstanceContext
+    index: int
+    cm: Any  # the CostModel that scores this episode's plan
+    pairs: np.ndarray
+    free: list[int]
+    phase: int = _MEMORY
+    recompute: str = ""
+    zero: int = 0
+    micro_batches: int = 0
+    # Closed stages in construction order (the last pipeline stage first).
+    built: list[tuple[StageChoice, int]] = field(default_factory=list)
+    open_cls: int = -1
+    open_tp: int = 0
+    open_blocks: dict[int, int] = field(default_factory=dict)
+    layers_left: int = 0
+    invalid: int = 0
+    # Per-host figures of the partial plan, kept up to date for the observation.
+    open_use: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    layer_gpus: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    previous: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+
+    @property
+    def open_dp(self) -> int:
+        return sum(self.open_blocks.values())
+
+
+class PlanBuilderEnv(gym.Env):
+    __doc__ = __doc__
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 2}
+
+    def __init__(self, suite: str | Any = "train-small", *, max_hosts: int | None = None,
+                 objective: str = "mean", bandwidth: str = "sampled", samples: int = 16,
+                 instances: int | None = None, max_layers: int = 128, max_micro: int = 16,
+                 max_tp: int = 16, render_mode: str | None = None,
+                 constants: CostConstants | None = None, cache_size: int = 512,
+                 invalid_action_reward: float = -1.0, max_invalid_actions: int = 32) -> None:
+        if bandwidth not in ("sampled", "robust"):
+            raise ConfigError("", "bandwidth", f"expected 'sampled' or 'robust', got {bandwidth!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError("", "render_mode", f"expected one of {self.metadata['render_modes']}"
+                                                 f", got {render_mode!r}")
+        if max_tp < 1 or max_tp & (max_tp - 1):
+            raise ConfigError("", "max_tp", f"must be a power of two, got {max_tp}")
+        self.source: InstanceSource = as_source(suite, instances)
+        self.max_hosts = int(max_hosts or self.source.max_hosts)
+        if self.source.max_hosts > self.max_hosts:
+            raise ConfigError(self.source.name, "max_hosts",
+                              f"the suite has clusters of up to {self.source.max_hosts} hosts, "
+                              f"more than max_hosts={self.max_hosts}")
+        self.objective = Objective.parse(objective)
+        self.bandwidth_mode = bandwidth
+        self.samples = samples if bandwidth == "robust" else 1
+        self.layout = ActionLayout(self.max_hosts, max_micro, max_tp.bit_length() - 1,
+                                   max_layers)
+        self.render_mode = render_mode
+        self.constants = constants
+        self.invalid_action_reward = float(invalid_action_reward)
+        self.max_invalid_actions = max_invalid_actions
+        self.action_space = spaces.Discrete(self.layout.n)
+        self.observation_space = observation_space(self.max_hosts)
+        self._cache: OrderedDict[int, InstanceContext] = OrderedDict()
+        self._cache_size = cache_size
+        self._static: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._ep: _Episode | None = None
+        self._forced: int | Instance | None = None
+        # A bad suite should fail here, not in the middle of training.
+        for i in self.source.check_indices():
+            self._context(i)
+
+    # ---- instances -----------------------------------------------------------------------
+    def _context(self, index: int) -> InstanceContext:
+        ctx = self._cache.get(index)
+        if ctx is not None:
+            self._cache.move_to_end(index)
+            return ctx
+        inst = self.source.get(index)
+        self._check_instance(inst)
+        ctx = InstanceContext.build(inst, samples=max(self.samples, 1) if
+                                    self.bandwidth_mode == "robust" else 0,
+                                    constants=self.constants, max_micro=self.layout.max_micro)
+        ctx.check_feasible()
+        self._cache[index] = ctx
+        self._static[index] = (static_host_features(ctx, self.max_hosts),
+                               pair_features(ctx, self.max_hosts, None),
+                               static_globals(ctx, self.max_hosts, self.layout.max_layers,
+                                              self.bandwidth_mode == "robust"))
+        if len(self._cache) > self._cache_size:
+            old, _ = self._cache.popitem(last=False)
+            self._static.pop(old, None)
+        return ctx
+
+    def _check_instance(self, inst: Instance) -> None:
+        if inst.num_hosts > self.max_hosts:
+            raise ConfigError(inst.name, "hosts", f"{inst.num_hosts} hosts exceed "
+                                                  f"max_hosts={self.max_hosts}")
+        if inst.model.layers > self.layout.max_layers:
+            raise ConfigError(inst.name, "model.layers",
+                              f"{inst.model.layers} layers exceed max_layers="
+                              f"{self.layout.max_layers}")
+        if any(h.num_gpus > 2 ** self.layout.max_tp_log2 * 64 for h in inst.cluster.hosts):
+            raise ConfigError(inst.name, "hosts", "a host has more GPUs than supported")
+
+    @property
+    def instance(self) -> Instance:
+        """The instance of the current episode."""
+        if self._ep is None:
+            raise RuntimeError("call reset() first")
+        return self._ep.ctx.instance
+
+    @property
+    def context(self) -> InstanceContext:
+        if self._ep is None:
+            raise RuntimeError("call reset() first")
+        return self._ep.ctx
+
+    # ---- gymnasium API -------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None,
+              ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start an episode on a random instance of the suite.
+
+        ``options={"instance": i}`` picks instance index ``i`` of the suite instead, and
+        ``options={"instance": Instance(...)}`` an explicit instance."""
+        super().reset(seed=seed)
+        choice = (options or {}).get("instance")
+        if isinstance(choice, Instance):
+            key = -1 - (id(choice) % 10**9)
+            if key not in self._cache or self._cache[key].instance is not choice:
+                self._cache.pop(key, None)
+                self.source.pin(key, choice)
+            index = key
+        elif choice is not None:
+            index = int(choice)
+        else:
+            index = int(self.np_random.integers(self.source.count))
+        ctx = self._context(index)
+        hosts0, pairs0, self._globals0 = self._static[index]
+        if self.bandwidth_mode == "sampled":
+            draw = ctx.cluster.sample_link_bandwidth(self.np_random, 1)
+            cm = ctx.cm.with_bandwidth(draw)
+            pairs = pair_features(ctx, self.max_hosts, draw)
+        else:
+            cm = ctx.cm
+            pairs = pairs0
+        n = len(ctx.cluster.hosts)
+        self._ep = _Episode(ctx, index, cm, pairs, list(ctx.full_free),
+                            layers_left=ctx.cm.model.layers,
+                            open_use=np.zeros(n, dtype=np.float32),
+                            layer_gpus=np.zeros(n, dtype=np.float32),
+                            previous=np.zeros(n, dtype=np.float32))
+        self._host_mask = np.zeros(self.max_hosts, dtype=np.float32)
+        self._host_mask[:n] = 1.0
+        self._hosts0 = hosts0
+        self._mask_cache: np.ndarray | None = None
+        return self._observation(), {"instance": ctx.instance.name}
+
+    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool,
+                                         dict[str, Any]]:
+        ep = self._ep
+        if ep is None or ep.phase == _DONE:
+            raise RuntimeError("the episode is over: call reset()")
+        action = int(action)
+        if not (0 <= action < self.layout.n) or not self.action_masks()[action]:
+            ep.invalid += 1
+            truncated = ep.invalid >= self.max_invalid_actions
+            return (self._observation(), self.invalid_action_reward, False, truncated,
+                    {"invalid_action": True})
+        kind, slot = self.layout.decode(action)
+        self._mask_cache = None
+        if kind == "memory":
+            ep.recompute, ep.zero = ActionLayout.memory_option(slot)
+            ep.phase = _MICRO
+        elif kind == "micro_batches":
+            ep.micro_batches = ep.ctx.micro_options[slot]
+            ep.phase = _TP
+        elif kind == "tp":
+            ep.open_tp = 1 << slot
+            ep.phase = _BLOCKS
+        elif kind == "host":
+            ep.open_cls = ep.ctx.classes.of_host[slot]
+            ep.open_blocks[slot] = ep.open_blocks.get(slot, 0) + 1
+            ep.free[slot] -= ep.open_tp
+            ep.open_use[slot] += ep.open_tp
+        else:
+            return self._close(slot + 1)
+        return self._observation(), 0.0, False, False, {}
+
+    def _close(self, k: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        ep = self._ep
+        assert ep is not None
+        hosts = tuple(sorted(ep.open_blocks))
+        stage = StageChoice(ep.ctx.classes.gpu_type[ep.open_cls], ep.open_tp, hosts,
+                            tuple(ep.open_blocks[h] for h in hosts))
+        ep.built.append((stage, k))
+        ep.layers_left -= k
+        ep.previous = ep.open_use
+        ep.layer_gpus += k * ep.open_use
+        ep.open_use = np.zeros_like(ep.previous)
+        ep.open_cls, ep.open_tp, ep.open_blocks = -1, 0, {}
+        if ep.layers_left:
+            ep.phase = _TP
+            return self._observation(), 0.0, False, False, {}
+        ep.phase = _DONE
+        plan = self.current_plan()
+        assert plan is not None
+        times, feasible = ep.cm.iteration_times(plan)
+        times = np.atleast_1d(np.asarray(times, dtype=float))
+        value = self.objective(times) if feasible else float("inf")
+        reward = ep.ctx.ideal_s / value if feasible else 0.0
+        info = {"plan": plan, "objective_s": value, "iter_time_mean_s": float(times.mean()),
+                "feasible": bool(feasible), "instance": ep.ctx.instance.name,
+                "objective": self.objective.name, "reward": reward}
+        return self._observation(), float(reward), True, False, info
+
+    # ---- masks -------------------------------------------------------------------------
+    def action_masks(self) -> np.ndarray:
+        """Boolean mask of the actions after which a feasible plan can still be built."""
+        if self._mask_cache is not None:
+            return self._mask_cache
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        ctx = ep.ctx
+        # States recur across episodes of an instance: masks are memoised per state.
+        key = (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
+               min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
+               ep.open_dp)
+        hit = ctx.masks.get(key)
+        if hit is not None:
+            self._mask_cache = hit
+            return hit
+        lay = self.layout
+        mask = np.zeros(lay.n, dtype=bool)
+        if ep.phase == _MEMORY:
+            for rc in RECOMPUTE_MODES:
+                for z in ZERO_STAGES:
+                    mask[lay.memory(rc, z)] = ctx.allowed_memory_option(rc, z)
+        elif ep.phase == _MICRO:
+            ok = set(ctx.feasible_micro(ep.recompute, ep.zero))
+            for i, m in enumerate(ctx.micro_options):
+                mask[lay.micro(i)] = m in ok
+        elif ep.phase == _TP:
+            for tp in range(lay.max_tp_log2 + 1):
+                mask[lay.tp(1 << tp)] = bool(self._host_options(1 << tp).any())
+        elif ep.phase == _BLOCKS:
+            mask[lay.start("host"):lay.start("host") + len(ctx.cluster.hosts)] = \
+                self._host_options(ep.open_tp)
+            if ep.open_dp:
+                mask[lay.start("layers"):lay.start("layers") + lay.max_layers] = \
+                    self._layer_options()
+        mask.flags.writeable = False  # shared by every episode that reaches this state
+        if len(ctx.masks) >= _MASK_MEMO:
+            ctx.masks.clear()
+        ctx.masks[key] = mask
+        self._mask_cache = mask
+        return mask
+
+    def _oracle(self):  # noqa: ANN202
+        ep = self._ep
+        assert ep is not None
+        return ep.ctx.oracle(ep.recompute, ep.zero, ep.micro_batches)
+
+    def _host_options(self, tp: int) -> np.ndarray:
+        """Hosts from which a block of ``tp`` GPUs keeps the plan completable."""
+        ep = self._ep
+        assert ep is not None
+        ctx, oracle = ep.ctx, self._oracle()
+        n = len(ctx.cluster.hosts)
+        out = np.zeros(n, dtype=bool)
+        dp = ep.open_dp
+        if dp >= oracle.mb:
+            return out
+        want = ep.layers_left
+        j = len(ep.built)
+        seen: dict[tuple[int, int, int], bool] = {}
+        hosts = ctx.cluster.hosts
+        for h in range(n):
+            cls = ctx.classes.of_host[h]
+            if cls < 0 or ep.free[h] < tp or hosts[h].num_gpus % tp:
+                continue
+            if tp not in ctx.space.tp_options[ctx.classes.gpu_type[cls]]:
+                continue
+            if dp and cls != ep.open_cls:
+                continue
+            # Hosts of a type with equal GPU and free counts are alike.
+            key = (cls, hosts[h].num_gpus, ep.free[h])
+            if key not in seen:
+                ep.free[h] -= tp
+                seen[key] = oracle.open(ep.free, j, cls, tp, dp + 1, 1 << want)
+                ep.free[h] += tp
+            out[h] = seen[key]
+        return out
+
+    def _layer_options(self) -> np.ndarray:
+        ep = self._ep
+        assert ep is not None
+        oracle = self._oracle()
+        j, want = len(ep.built), ep.layers_left
+        cls, tp, dp = ep.open_cls, ep.open_tp, ep.open_dp
+        out = np.zeros(self.layout.max_layers, dtype=bool)
+        if oracle.mb % dp:
+            return out
+        if oracle.capacity(cls, tp, dp, j, True) >= want:
+            out[want - 1] = True
+        cap = min(oracle.capacity(cls, tp, dp, j, False), want - 1)
+        if cap:
+            # Remaining counts want-cap .. want-1 after closing with 1 .. cap layers.
+            rest = oracle.closed_all(ep.free, j + 1,
+                                     bits_upto(want - 1) & ~bits_upto(want - cap - 1))
+            for k in range(1, cap + 1):
+                out[k - 1] = bool(rest >> (want - k) & 1)
+        return out
+
+    # ---- observation ---------------------------------------------------------------------
+    def _observation(self) -> dict[str, np.ndarray]:
+        ep = self._ep
+        assert ep is not None
+        n = len(ep.free)
+        hosts = self._hosts0.copy()
+        cap = ep.ctx.gpus_per_host
+        free = np.asarray(ep.free, dtype=np.float32)
+        hosts[:n, 8] = free / cap
+        hosts[:n, 9] = ep.open_use / cap
+        hosts[:n, 10] = (cap - free - ep.open_use) / cap
+        if ep.phase == _BLOCKS:
+            start = self.layout.start("host")
+            hosts[:n, 11] = self.action_masks()[start:start + n]
+        hosts[:n, 12] = ep.layer_gpus / (ep.ctx.cm.model.layers * cap)
+        hosts[:n, 13] = ep.previous / cap
+        if ep.open_cls >= 0:
+            hosts[:n, 14] = ep.ctx.class_of_host == ep.open_cls
+        # Fresh arrays every call: callers may keep or modify what they are given.
+        return {"hosts": hosts, "host_mask": self._host_mask.copy(), "pairs": ep.pairs.copy(),
+                "globals": self._globals()}
+
+    def _globals(self) -> np.ndarray:
+        ep = self._ep
+        assert ep is not None
+        g = self._globals0.copy()
+        g[min(ep.phase, _BLOCKS)] = 1.0
+        if ep.recompute:
+            g[4 + RECOMPUTE_MODES.index(ep.recompute)] = 1.0
+            g[7] = ep.zero
+        if ep.micro_batches:
+            g[8] = log_scale(ep.micro_batches, 1.0, 4096.0)
+            g[9] = log_scale(ep.ctx.instance.training.global_batch / ep.micro_batches, 1.0,
+                             4096.0)
+        layers = ep.ctx.cm.model.layers
+        g[10] = ep.layers_left / layers
+        g[11] = min(len(ep.built) / 32.0, 1.0)
+        if ep.open_tp:
+            g[12] = (ep.open_tp.bit_length() - 1) / max(self.layout.max_tp_log2, 1)
+            dp = ep.open_dp
+            g[13] = min(dp / 64.0, 1.0)
+            if dp:
+                oracle = self._oracle()
+                j = len(ep.built)
+                g[14] = oracle.capacity(ep.open_cls, ep.open_tp, dp, j, False) / layers
+                g[15] = oracle.capacity(ep.open_cls, ep.open_tp, dp, j, True) / layers
+                g[16] = float(oracle.mb % dp == 0)
+        return g
+
+    # ---- plans -------------------------------------------------------------------------
+    def current_plan(self) -> Plan | None:
+        """The finished plan (None while stages are missing)."""
+        ep = self._ep
+        if ep is None or ep.layers_left or not ep.built:
+            return None
+        stages = [st for st, _ in reversed(ep.built)]
+        layers = [k for _, k in reversed(ep.built)]
+        return ep.ctx.space.to_plan(stages, layers, ep.micro_batches, ep.recompute, ep.zero)
+
+    def actions_for(self, plan: Plan) -> list[int]:
+        """The action sequence that builds ``plan`` on the current episode's instance.
+
+        Raises PlanError if the plan is outside the space this environment can build."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        ctx, lay = ep.ctx, self.layout
+        stages, layers = ctx.space.decompose(plan)
+        if plan.micro_batches not in ctx.micro_options:
+            raise PlanError("<plan>", "micro_batches", f"{plan.micro_batches} is not among "
+                                                       f"the first {lay.max_micro} divisors")
+        out = [lay.memory(plan.recompute, plan.zero),
+               lay.micro(ctx.micro_options.index(plan.micro_batches))]
+        for st, k in zip(reversed(stages), reversed(layers)):
+            if st.tp > 2 ** lay.max_tp_log2 or k > lay.max_layers:
+                raise PlanError("<plan>", "stages", "tp or layers exceed the action layout")
+            out.append(lay.tp(st.tp))
+            for h, b in zip(st.hosts, st.blocks):
+                out.extend([lay.host(h)] * b)
+            out.append(lay.layers(k))
+        return out
+
+    # ---- rendering ---------------------------------------------------------------------
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode is None or self._ep is None:
+            return None
+        from hetpar.envs import viewer
+        if self.render_mode == "ansi":
+            return viewer.render_text(self)
+        return viewer.render_rgb(self)
+
+    def phase_name(self) -> str:
+        ep = self._ep
+        return ("memory", "micro_batches", "tp", "blocks", "done")[ep.phase if ep else 0]
+
+
+def random_masked_action(env: PlanBuilderEnv, rng: np.random.Generator) -> int:
+    """A uniformly random action among those the mask allows."""
+    allowed = np.flatnonzero(env.action_masks())
+    return int(rng.choice(allowed))
+
+
+def rollout(env: PlanBuilderEnv, actions: Sequence[int]) -> tuple[float, dict[str, Any]]:
+    """Play ``actions`` from the current state; (total reward, last info)."""
+    total, info = 0.0, {}
+    for a in actions:
+        _, r, term, trunc, info = env.step(a)
+        total += r
+        if term or trunc:
+            break
+    return total, info

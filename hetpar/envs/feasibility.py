@@ -1,0 +1,312 @@
+"""Which partial plans can still be completed into a plan that fits in memory.
+
+The environment builds a plan from the last pipeline stage to the first. Built in that
+order, a stage's memory is known the moment it is closed: under 1F1B the stage built
+``j``-th (0 = last) holds ``min(M, j + 1)`` micro-batches of activations whatever the
+final pipeline depth, the stage built first carries the LM head, and the stage that
+takes the remaining layers is the first pipeline stage and carries the embedding. Memory
+is linear in a stage's layer count, so each stage shape has a largest layer count that
+fits (its *capacity*), and the layer counts a set of stages can hold exactly is an
+interval per stage, combined by sums.
+
+``Completions`` answers, exactly, "from these free GPUs, starting at construction index
+``j``, which numbers of remaining layers can still be placed?" as a bit set (bit ``r``
+set when ``r`` layers can be). Memory does not depend on the network, so hosts with the
+same GPU type and count are interchangeable here; the state is canonicalised by sorting
+their free counts, and answers are memoised per (recompute, ZeRO, micro-batch count).
+The search stops expanding a state as soon as its answer reaches an upper bound given by
+the total free memory, which makes loose instances cheap; tight ones are exhaustive but
+memoised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetpar.costmodel.estimate import CostModel
+from hetpar.solvers.space import PlanSpace
+
+__all__ = ["Completions", "bits_upto", "HostClasses"]
+
+
+def bits_upto(n: int) -> int:
+    """The bit set {1, ..., n}."""
+    return ((1 << (n + 1)) - 2) if n > 0 else 0
+
+
+@dataclass(frozen=True)
+class HostClasses:
+    """Hosts by GPU type (what a stage is made of: memory depends on the type only) and,
+    within a type, by GPU count (hosts alike for the completion question)."""
+
+    of_host: tuple[int, ...]  # type index per host (-1: GPUs unusable for this training)
+    members: tuple[tuple[int, ...], ...]  # hosts per type
+    gpu_type: tuple[str, ...]
+    usable_bytes: tuple[float, ...]  # per type
+    groups: tuple[tuple[int, ...], ...]  # hosts of one type and GPU count
+
+    @classmethod
+    def of(cls, cm: CostModel) -> HostClasses:
+        types: dict[str, int] = {}
+        groups: dict[tuple[str, int], list[int]] = {}
+        of_host, members, usable = [], [], []
+        for i, h in enumerate(cm.cluster.hosts):
+            perf = cm.host_perf(i)
+            if perf is None:
+                of_host.append(-1)
+                continue
+            if h.gpu.name not in types:
+                types[h.gpu.name] = len(members)
+                members.append([])
+                usable.append(perf.usable_bytes)
+            of_host.append(types[h.gpu.name])
+            members[types[h.gpu.name]].append(i)
+            groups.setdefault((h.gpu.name, h.num_gpus), []).append(i)
+        return cls(tuple(of_host), tuple(tuple(m) for m in members), tuple(types),
+                   tuple(usable), tuple(tuple(g) for g in groups.values()))
+
+
+class Completions:
+    """Exact completion sets for one (instance, recompute, ZeRO, micro-batch count).
+
+    A *state* is the free GPUs per host plus the construction index ``j`` of the next
+    stage; an *open* state also has the stage being built: its GPU type, ``tp`` and the
+    number of blocks (replicas) taken so far.
+    """
+
+    def __init__(self, cm: CostModel, space: PlanSpace, classes: HostClasses, recompute: str,
+                 zero: int, micro_batches: int, budget: int = 4000) -> None:
+        self.cm = cm
+        self.space = space
+        self.classes = classes
+        self.recompute = recompute
+        self.zero = zero == 1
+        self.m = micro_batches
+        self.mb = cm.training.global_batch // micro_batches  # sequences per micro-batch
+        self.layers = cm.model.layers
+        self._closed: dict[tuple, list[int]] = {}
+        self._open: dict[tuple, list[int]] = {}
+        self._all = bits_upto(self.layers)
+        self._singletons = all(len(g) == 1 for g in classes.groups)
+        self._caps: dict[tuple, int] = {}
+        self._density: dict[tuple, float] = {}
+        self.budget = budget
+        self._left = budget
+        self.truncated = 0  # memo entries cut short by the budget
+        counts = [h.num_gpus for h in cm.cluster.hosts]
+        self._counts = counts
+        # tp options per type, and the hosts whose GPU count each tp divides.
+        self._tps = tuple(space.tp_options[t] for t in classes.gpu_type)
+        self._eligible = {(c, tp): tuple(h for h in classes.members[c] if counts[h] % tp == 0)
+                          for c in range(len(classes.members)) for tp in self._tps[c]}
+
+    # ---- stage capacities --------------------------------------------------------------
+    def capacity(self, cls: int, tp: int, dp: int, j: int, first: bool) -> int:
+        """Most layers a stage of ``dp`` blocks of ``tp`` GPUs of type ``cls`` holds when
+        built ``j``-th from the end (0 = last pipeline stage); 0 when none fit."""
+        key = (cls, tp, dp, min(j, self.m), first)
+        hit = self._caps.get(key)
+        if hit is not None:
+            return hit
+        if self.mb % dp:
+            cap = 0
+        else:
+            cap = self._capacity(self.classes.usable_bytes[cls], tp, dp, min(self.m, j + 1),
+                                 first, j == 0)
+        self._caps[key] = cap
+        return cap
+
+    def _capacity(self, usable: float, tp: int, dp: int, inflight: int, first: bool,
+                  last: bool) -> int:
+        seqs = self.mb / dp
+
+        def mem(k: int) -> float:
+            return self.cm.stage_memory(k, tp, dp, seqs, inflight, first, last,
+                                        self.recompute, self.zero)[1]
+
+        one = mem(1)
+        if one > usable:
+            return 0
+        per = mem(2) - one
+        cap = self.layers if per <= 0 else min(self.layers, 1 + int((usable - one) // per))
+        # Guard the closed form against rounding at the boundary.
+        while cap > 1 and mem(cap) > usable:
+            cap -= 1
+        while cap < self.layers and mem(cap + 1) <= usable:
+            cap += 1
+        return cap
+
+    # ---- canonical states ---------------------------------------------------------------
+    def key(self, free: Sequence[int]) -> tuple:
+        """Canonical form of a free vector: sorted free counts per class of hosts."""
+        if self._singletons:
+            return tuple(free)
+        return tuple([free[g[0]] if len(g) == 1 else tuple(sorted([free[h] for h in g]))
+                      for g in self.classes.groups])
+
+    def density(self, cls: int, j: int) -> float:
+        """Most layers per GPU that any stage of class ``cls`` built at index ``j`` or
+        later can hold: activations held only grow with ``j`` (beyond the head-carrying
+        last stage), so the best of indices ``j`` and ``max(j, 1)`` bounds them all."""
+        key = (cls, min(j, self.m))
+        hit = self._density.get(key)
+        if hit is None:
+            best = 0.0
+            for tp in self._tps[cls]:
+                for dp in range(1, self.mb + 1):
+                    if self.mb % dp:
+                        continue
+                    for jj in {j, max(j, 1)}:
+                        for first in (False, True):
+                            best = max(best, self.capacity(cls, tp, dp, jj, first) / (tp * dp))
+            hit = self._density[key] = best
+        return hit
+
+    def upper(self, free: Sequence[int], j: int) -> int:
+        """Layers that the free GPUs could hold at most from construction index ``j``."""
+        total = 0.0
+        for c, m in enumerate(self.classes.members):
+            n = 0
+            for h in m:
+                n += free[h]
+            if n:
+                total += n * self.density(c, j)
+        return min(self.layers, int(total + 1e-9))
+
+    # ---- completion sets ---------------------------------------------------------------
+    # Queries are goal-directed: "can any of these counts still be placed?". A memo entry
+    # is [counts known reachable, counts whose answer is known]; a search stops at the
+    # first reachable count asked for, and learns "unreachable" only from a complete
+    # search. A search that runs out of budget reports what it found: missing counts are
+    # then treated as unreachable (masks stay safe, since every reachable count is backed
+    # by a completion whose states are memoised and are found again).
+    def closed(self, free: Sequence[int], j: int, want: int) -> bool:
+        """Whether some count ``r`` of remaining layers with bit ``r`` set in ``want`` can
+        be placed from a state with no open stage."""
+        self._left = self.budget
+        return bool(self._closed_rec(list(free), j, want) & want)
+
+    def closed_all(self, free: Sequence[int], j: int, want: int) -> int:
+        """Exactly which counts in ``want`` can be placed from a state with no open stage
+        (fewer when the search budget runs out)."""
+        found = 0
+        free = list(free)
+        while want:
+            self._left = self.budget
+            got = self._closed_rec(free, j, want) & want
+            if not got:
+                break
+            found |= got
+            want &= ~got
+        return found
+
+    def open(self, free: Sequence[int], j: int, cls: int, tp: int, dp: int, want: int) -> bool:
+        """The same for an open stage of class ``cls`` with ``dp`` blocks already taken
+        (``free`` is after taking them)."""
+        self._left = self.budget
+        return bool(self._open_rec(list(free), j, cls, tp, dp, want) & want)
+
+    def _closed_rec(self, free: list[int], j: int, want: int) -> int:
+        # Fast path, no memo: one block alone, as the first stage, holds a wanted count.
+        low = want & -want  # the smallest wanted count, as a bit
+        for c in range(len(self.classes.members)):
+            for tp in self._tps[c]:
+                if any(free[h] >= tp for h in self._eligible[c, tp]):
+                    first = bits_upto(self.capacity(c, tp, 1, j, True))
+                    if first & low:
+                        return first
+        key = (self.key(free), min(j, self.m))
+        entry = self._closed.get(key)
+        if entry is None:
+            entry = self._closed[key] = [0, self._all & ~bits_upto(self.upper(free, j))]
+        if entry[0] & want or not want & ~entry[1]:
+            return entry[0]
+        want &= ~entry[1]
+        self._left -= 1
+        for c in range(len(self.classes.members)):
+            for tp in reversed(self._tps[c]):
+                for h in self._distinct(free, self._eligible[c, tp], tp):
+                    if self._left <= 0:
+                        self.truncated += 1
+                        return entry[0]
+                    free[h] -= tp
+                    got = self._open_rec(free, j, c, tp, 1, want)
+                    free[h] += tp
+                    entry[0] |= got
+                    entry[1] |= got
+                    if got & want:
+                        return entry[0]
+        if self._left > 0:
+            entry[1] |= want  # searched in full: none of these counts is reachable
+        return entry[0]
+
+    def _open_rec(self, free: list[int], j: int, cls: int, tp: int, dp: int, want: int) -> int:
+        if not self.mb % dp:
+            # Fast path, no memo: closing now as the first stage holds a wanted count.
+            first = bits_upto(self.capacity(cls, tp, dp, j, True))
+            if first & want:
+                return first
+        key = (self.key(free), min(j, self.m), cls, tp, dp)
+        entry = self._open.get(key)
+        if entry is None:
+            ub = self.upper(free, j) + int(tp * dp * self.density(cls, j) + 1e-9)
+            entry = self._open[key] = [0, self._all & ~bits_upto(ub)]
+        if entry[0] & want or not want & ~entry[1]:
+            return entry[0]
+        want &= ~entry[1]
+        self._left -= 1
+        got = self._close_set(free, j, cls, tp, dp, want)
+        entry[0] |= got
+        entry[1] |= got
+        if got & want:
+            return entry[0]
+        if dp < self.mb:
+            for h in self._distinct(free, self._eligible[cls, tp], tp):
+                if self._left <= 0:
+                    self.truncated += 1
+                    return entry[0]
+                free[h] -= tp
+                got = self._open_rec(free, j, cls, tp, dp + 1, want)
+                free[h] += tp
+                entry[0] |= got
+                entry[1] |= got
+                if got & want:
+                    return entry[0]
+        if self._left > 0:
+            entry[1] |= want
+        return entry[0]
+
+    def _close_set(self, free: list[int], j: int, cls: int, tp: int, dp: int, want: int) -> int:
+        """Reachable counts (some among ``want`` if any is) if the open stage closes now."""
+        if self.mb % dp:
+            return 0
+        out = bits_upto(self.capacity(cls, tp, dp, j, True))
+        if out & want:
+            return out
+        cap = self.capacity(cls, tp, dp, j, False)
+        rest_want = 0
+        for k in range(1, cap + 1):
+            rest_want |= want >> k
+        rest_want &= self._all
+        if rest_want:
+            rest = self._closed_rec(free, j + 1, rest_want)
+            for k in range(1, cap + 1):
+                out |= (rest << k) & self._all
+        return out
+
+    def _distinct(self, free: Sequence[int], members: Sequence[int], tp: int) -> list[int]:
+        """One host per distinct (GPU count, free count) that can give a block of ``tp``
+        GPUs, most free first (hosts alike in both give the same answers)."""
+        seen: set[tuple[int, int]] = set()
+        out = []
+        for h in sorted(members, key=lambda h: -free[h]):
+            key = (self._counts[h], free[h])
+            if free[h] >= tp and key not in seen:
+                seen.add(key)
+                out.append(h)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {"closed_states": len(self._closed), "open_states": len(self._open),
+                "truncated": self.truncated}

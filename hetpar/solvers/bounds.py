@@ -175,12 +175,16 @@ class Bounds:
         self._profiles[key] = out
         return out
 
-    def _shape_dp(self, gpu_type: str, tp: int, dp: int, blocks: tuple[int, ...]) -> float:
+    def _shape_dp(self, gpu_type: str, tp: int, dp: int, blocks: tuple[int, ...],
+                  min_hosts: int = 1) -> float:
         """Least per-layer all-reduce of ``dp`` replicas of ``tp`` GPUs when the hosts of the
-        type have ``blocks`` free TP blocks (sorted, most first); inf if they cannot."""
+        type have ``blocks`` free TP blocks (sorted, most first), spread over at least
+        ``min_hosts`` hosts; inf if they cannot."""
+        if dp < min_hosts:
+            return math.inf
         if dp <= 1:
             return 0.0 if blocks and blocks[0] >= 1 else math.inf
-        key = ("shape_dp", gpu_type, tp, dp, blocks)
+        key = ("shape_dp", gpu_type, tp, dp, blocks, min_hosts)
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
@@ -199,7 +203,9 @@ class Bounds:
         held = 0
         for n, free_blocks in enumerate(blocks, start=1):
             held += free_blocks
-            if held < dp:
+            if free_blocks < 1:
+                break  # no further host has room
+            if held < dp or n < min_hosts:
                 continue  # n hosts are too few for dp replicas
             per_host = -(-dp // n)
             d = 2.0 * (per_host - 1) / per_host * grad / intra_bw if per_host > 1 else 0.0
@@ -257,6 +263,199 @@ class Bounds:
             best[g] = v
         self._knap[key] = best[total]
         return best[total]
+
+    # ---- pool stages with their crossings -------------------------------------------
+    def crossing_time(self, host: int, m: int) -> float:
+        """Least reduced round trip of a whole micro-batch between ``host`` and any other
+        host, either way: what a stage of that host alone pays on a side whose
+        neighbour has no replica there. (The data crosses every channel of the route, so
+        the time is at least its slowest channel's; copies per TP rank only add.)"""
+        key = ("cross", host, m)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        routes = self.cm.cluster.routes
+        best = math.inf
+        for other in range(len(self.cm.cluster.hosts)):
+            if other == host:
+                continue
+            for a, b in ((host, other), (other, host)):
+                chans = routes[a][b]
+                if chans:
+                    best = min(best, max(float(self.inv_bw[ch]) for ch in chans))
+        if not math.isfinite(best):
+            best = 0.0
+        volume = self.batch / m * self.cm.seq_len * self.cm.model.hidden * 2.0
+        out = 2.0 * volume * best
+        self._profiles[key] = out
+        return out
+
+    def _run_table(self, host: int, free: int, m: int, rc: str, budget: float,
+                   ) -> list[list[float]]:
+        """``R[g][e]``: most layers a run of consecutive stages on ``host`` alone can hold
+        under the threshold with at most ``g`` of its free GPUs, when ``e`` of its ends
+        (0, 1 or 2; on one stage or two) cross to another host; -inf without a run."""
+        key = ("run", host, free, m, rc, budget)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        gpu_type = self.cm.cluster.hosts[host].gpu.name
+        cross = self.crossing_time(host, m)
+        n_gpus = self.cm.cluster.hosts[host].num_gpus
+        items = []  # (GPUs, ends it carries, layers)
+        for tp in self.space.tp_options[gpu_type]:
+            if n_gpus % tp:
+                continue
+            for dp in range(1, free // tp + 1):
+                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                if shape is None:
+                    continue
+                d = self._shape_dp(gpu_type, tp, dp, (free // tp,))
+                for ends in (0, 1, 2):
+                    value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
+                                           budget, m)
+                    if value > 0:  # a stage holds at least one layer
+                        items.append((tp * dp, ends, value))
+        neg = -math.inf
+        best = [[neg] * 3 for _ in range(free + 1)]
+        best[0][0] = 0.0
+        for g in range(1, free + 1):
+            row = best[g]
+            for w, ends, value in items:
+                if w > g:
+                    continue
+                prev = best[g - w]
+                for e in range(ends, 3):
+                    if prev[e - ends] + value > row[e]:
+                        row[e] = prev[e - ends] + value
+        # A run has at least one stage and may leave GPUs idle. (Its ends are counted
+        # exactly: the caller requires enough of them in all.)
+        out = [[neg] * 3 for _ in range(free + 1)]
+        for g in range(1, free + 1):
+            for e in range(3):
+                out[g][e] = max(best[g][e], out[g - 1][e])
+        self._knap[key] = out
+        return out
+
+    def _multi_table(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                     budget: float, most: int) -> list[list[float]]:
+        """``X[g][x]``: most layers ``x`` stages of the type spread over two or more hosts
+        can hold under the threshold with ``g`` GPUs (their all-reduce crosses hosts)."""
+        key = ("multi", gpu_type, free, m, rc, budget, most)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        hosts = self.space.hosts_of_type[gpu_type]
+        total = sum(free)
+        items = []
+        for tp in self.space.tp_options[gpu_type]:
+            ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
+            blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
+            for dp in range(2, sum(blocks) + 1):
+                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                if shape is None:
+                    continue
+                d = self._shape_dp(gpu_type, tp, dp, blocks, min_hosts=2)
+                if not math.isfinite(d):
+                    continue
+                value = self._capacity(shape[0], shape[1], d, shape[2], budget, m)
+                if value > 0:
+                    items.append((tp * dp, value))
+        neg = -math.inf
+        best = [[neg] * (most + 1) for _ in range(total + 1)]
+        best[0][0] = 0.0
+        for g in range(1, total + 1):
+            row = best[g]
+            row[0] = 0.0
+            for w, value in items:
+                if w > g:
+                    continue
+                prev = best[g - w]
+                for x in range(1, most + 1):
+                    if prev[x - 1] + value > row[x]:
+                        row[x] = prev[x - 1] + value
+        for g in range(1, total + 1):
+            for x in range(most + 1):
+                best[g][x] = max(best[g][x], best[g - 1][x])
+        self._knap[key] = best
+        return best
+
+    def pool_capacity(self, free: tuple[int, ...], m: int, rc: str, budget: float,
+                      entry_free: bool) -> float:
+        """Most layers the stages still to be built from the ``free`` GPUs can hold under
+        a threshold ``budget`` on ``(M-1)(a n + b + crossings) + d n``, counting the
+        transfers between hosts that their order forces.
+
+        Relaxation: every such stage lies on one host, or spreads over several hosts of
+        its type (its all-reduce then crosses hosts). Stages on one host form one run per
+        host (more runs only add crossings). Each run is entered through a crossing and
+        left through one, except that the last run is not left, the first may continue
+        the prefix's last stage (``entry_free``), and a stage over several hosts may sit
+        between two runs and take both crossings at no charge. A crossing costs its end
+        stage of the run at least ``crossing_time`` of that run's host in its cycle."""
+        if len(self._knap) > 200_000:
+            self._knap.clear()
+        key = ("pool", free, m, rc, budget, entry_free)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        n_hosts = sum(1 for f in free if f)
+        most_x = max(1, n_hosts)  # more spread stages than runs absorb nothing more
+        neg = -math.inf
+        # combined[(runs, ends, spread stages)] -> most layers, over the types so far
+        combined: dict[tuple[int, int, int], float] = {(0, 0, 0): 0.0}
+        for gpu_type in self.space.types:
+            hosts = self.space.hosts_of_type[gpu_type]
+            tfree = tuple(free[h] for h in hosts)
+            total = sum(tfree)
+            if not total:
+                continue
+            # runs[g][(r, e)] over the type's hosts, one host after the other
+            runs: list[dict[tuple[int, int], float]] = [dict() for _ in range(total + 1)]
+            runs[0][(0, 0)] = 0.0
+            used = 0
+            for h, f in zip(hosts, tfree):
+                if not f:
+                    continue
+                table = self._run_table(h, f, m, rc, budget)
+                nxt: list[dict[tuple[int, int], float]] = [dict(d) for d in runs]
+                for g0 in range(used + 1):
+                    for (r, e), v in runs[g0].items():
+                        for g in range(1, f + 1):
+                            for ends in range(3):
+                                val = table[g][ends]
+                                if val == neg:
+                                    continue
+                                k = (r + 1, e + ends)
+                                cell = nxt[g0 + g]
+                                if v + val > cell.get(k, neg):
+                                    cell[k] = v + val
+                runs = nxt
+                used += f
+            multi = self._multi_table(gpu_type, tfree, m, rc, budget, most_x)
+            per_type: dict[tuple[int, int, int], float] = {}
+            for g1 in range(total + 1):
+                for (r, e), v in runs[g1].items():
+                    row = multi[total - g1]
+                    for x in range(most_x + 1):
+                        if row[x] == neg:
+                            continue
+                        k = (r, e, x)
+                        if v + row[x] > per_type.get(k, neg):
+                            per_type[k] = v + row[x]
+            merged: dict[tuple[int, int, int], float] = {}
+            for (r1, e1, x1), v1 in combined.items():
+                for (r2, e2, x2), v2 in per_type.items():
+                    k = (r1 + r2, e1 + e2, min(most_x, x1 + x2))
+                    if v1 + v2 > merged.get(k, neg):
+                        merged[k] = v1 + v2
+            combined = merged
+        best = 0.0
+        for (r, e, x), v in combined.items():
+            if r == 0 or e >= 2 * r - 1 - int(entry_free) - 2 * x:
+                best = max(best, v)
+        self._knap[key] = best
+        return best
 
     # ---- transfers ----------------------------------------------------------------------
     @staticmethod
@@ -364,6 +563,10 @@ class Bounds:
         exit_ = self.exit_time(prefix[-1], free, m) if pool_types else math.inf
         pool_a = self.pool_min_layer_time(pool_types, m, rc) if pool_types else math.inf
         c_in = [0.0] + trans
+        last = prefix[-1]
+        # The first stage after the prefix may share its last stage's host (or take part
+        # of a spread stage's data locally) and then enters without a full crossing.
+        entry_free = len(last.hosts) > 1 or any(free[h] for h in last.hosts)
         status = [False, False]
         for k, closed in enumerate((True, False)):
             if not closed and not math.isfinite(exit_):
@@ -381,7 +584,8 @@ class Bounds:
             grid = [room * k / self.GRID for k in range(self.GRID + 1)]
             for lo, hi in zip(grid, grid[1:]):
                 fill = self._fill(profiles, icpt, slope, hi, m, rc,
-                                  None if closed else (pool_types, pool_a, target))
+                                  None if closed else (pool_types, pool_a, target, free,
+                                                       entry_free))
                 if lo + fill < room:
                     status[k] = True
                     break
@@ -403,10 +607,13 @@ class Bounds:
         extra = 0.0
         pool_a = math.inf
         if pool is not None:
-            pool_types, pool_a, target = pool
+            pool_types, pool_a, target, free, entry_free = pool
             # The knapsack table is cached on grid points of the target; use the next one up.
             key_tau = target * math.ceil(tau / target * self.GRID) / self.GRID
             extra = sum(self.knapsack(t, g, m, rc, key_tau) for t, g in pool_types)
+            if extra + sum(caps) >= L:
+                # Only then is the finer, crossing-aware capacity worth its cost.
+                extra = min(extra, self.pool_capacity(free, m, rc, key_tau, entry_free))
         if sum(caps) + extra < L:
             return math.inf
         total = sum(a for a, _ in items)

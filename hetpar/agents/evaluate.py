@@ -1,0 +1,337 @@
+"""``hetpar evaluate``: a policy against exact search and the baselines on a suite.
+
+Every method plans each of the first ``n`` instances of a suite (``Suite.instance(i)``),
+and every plan is scored the same way: its ``objective`` over ``samples`` bandwidth states
+drawn with ``seed`` (``solve(..., samples=K, seed=seed)``; the policy's plan by
+``plan_with_policy`` with the same K and seed), so values of one instance compare exactly.
+
+Gaps follow DESIGN.md section 7: ``T / T_exact - 1`` where ``exact`` proved the optimum
+within its time limit, otherwise ``T / T_best - 1`` with ``T_best`` the best plan any
+method found (exact's incumbent included); the ``reference`` column says which.
+
+Outputs (``write_outputs``): ``results.csv`` (one row per instance and method),
+``summary.md`` (per method: median, p90 and worst gap, win rates against every other
+method, median latency) and ``gap_vs_size.png`` (gap against the cluster's GPU count).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetpar.costmodel.objective import Objective
+from hetpar.errors import ConfigError, HetparError
+
+__all__ = ["METHODS", "Row", "Evaluation", "evaluate", "write_outputs", "plot_gaps",
+           "CSV_COLUMNS"]
+
+METHODS = ("policy", "exact", "metis", "megatron", "random")
+CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
+               "value_s", "wall_s", "inference_s", "optimal", "gap", "reference", "error")
+_TIE = 1e-9  # relative difference below which two values are a tie
+
+
+@dataclass
+class Row:
+    """One method on one instance."""
+
+    suite: str
+    index: int
+    instance: str
+    hosts: int
+    gpus: int
+    model: str
+    method: str
+    objective: str
+    value_s: float  # inf: no plan
+    wall_s: float  # time to produce the plan (policy: setup + rollout + scoring)
+    inference_s: float = math.nan  # policy only: the rollout
+    optimal: bool = False  # exact only: the search proved the optimum
+    gap: float = math.nan
+    reference: str = ""
+    error: str = ""
+
+    def as_csv(self) -> dict[str, Any]:
+        def num(x: float) -> str:
+            return "" if math.isnan(x) else "inf" if math.isinf(x) else f"{x:.6g}"
+
+        return {"suite": self.suite, "index": self.index, "instance": self.instance,
+                "hosts": self.hosts, "gpus": self.gpus, "model": self.model,
+                "method": self.method, "objective": self.objective,
+                "value_s": num(self.value_s), "wall_s": f"{self.wall_s:.6f}",
+                "inference_s": "" if math.isnan(self.inference_s) else f"{self.inference_s:.6f}",
+                "optimal": str(self.optimal).lower(), "gap": num(self.gap),
+                "reference": self.reference, "error": self.error}
+
+
+@dataclass
+class Evaluation:
+    """All rows of one evaluation and how it was run."""
+
+    suite: str
+    n: int
+    methods: tuple[str, ...]
+    objective: str
+    samples: int
+    seed: int
+    time_limit: float
+    policy: str = ""
+    rows: list[Row] = field(default_factory=list)
+
+    def of(self, method: str) -> list[Row]:
+        return [r for r in self.rows if r.method == method]
+
+    def value(self, index: int, method: str) -> float:
+        for r in self.rows:
+            if r.index == index and r.method == method:
+                return r.value_s
+        return math.inf
+
+    @property
+    def exact_optimal(self) -> int:
+        """Instances on which exact proved the optimum."""
+        return sum(r.optimal for r in self.of("exact"))
+
+    def win_rate(self, method: str, other: str) -> tuple[float, float]:
+        """(share of instances where ``method`` is at least as good as ``other``, share
+        where it is strictly better); a method without a plan loses to one with a plan."""
+        idx = sorted({r.index for r in self.rows})
+        ok = strict = 0
+        for i in idx:
+            a, b = self.value(i, method), self.value(i, other)
+            if math.isinf(a) and math.isinf(b):
+                continue  # neither found a plan: neither wins
+            if a <= b * (1 + _TIE):
+                ok += 1
+            if a < b * (1 - _TIE):
+                strict += 1
+        return (ok / len(idx), strict / len(idx)) if idx else (math.nan, math.nan)
+
+    def stats(self, method: str) -> dict[str, float]:
+        rows = self.of(method)
+        gaps = [r.gap for r in rows if not math.isnan(r.gap)]
+        walls = [r.wall_s for r in rows]
+        infer = [r.inference_s for r in rows if not math.isnan(r.inference_s)]
+        return {"plans": float(sum(math.isfinite(r.value_s) for r in rows)),
+                "instances": float(len(rows)),
+                "median_gap": _quantile(gaps, 0.5), "p90_gap": _quantile(gaps, 0.9),
+                "worst_gap": max(gaps) if gaps else math.nan,
+                "mean_gap": float(np.mean(gaps)) if gaps and all(map(math.isfinite, gaps))
+                else (math.inf if gaps else math.nan),
+                "median_wall_s": _quantile(walls, 0.5),
+                "median_inference_s": _quantile(infer, 0.5)}
+
+    def summary_markdown(self) -> str:
+        others = [m for m in self.methods]
+        head = ["method", "plans", "median gap", "p90 gap", "worst gap"]
+        head += [f"wins vs {m}" for m in others]
+        head += ["median latency"]
+        lines = [f"## `{self.suite}`: instances 0-{self.n - 1}", ""]
+        ref = (f"exact proved the optimum on {self.exact_optimal} of {self.n} instances "
+               f"(time limit {self.time_limit:g} s each)" if "exact" in self.methods else
+               "exact was not run")
+        lines.append(f"Objective `{self.objective}` over {self.samples} bandwidth samples "
+                     f"(seed {self.seed}); {ref}.")
+        if "exact" not in self.methods or self.exact_optimal < self.n:
+            lines.append("Where exact did not prove the optimum, gaps are relative to the "
+                         "best plan any method found (column `reference` of results.csv).")
+        if self.policy:
+            lines.append(f"Policy: `{self.policy}`.")
+        lines += ["", "| " + " | ".join(head) + " |",
+                  "|" + "|".join(["---"] + ["--:"] * (len(head) - 1)) + "|"]
+        for m in self.methods:
+            st = self.stats(m)
+            cells = [m, f"{int(st['plans'])}/{int(st['instances'])}", _pct(st["median_gap"]),
+                     _pct(st["p90_gap"]), _pct(st["worst_gap"])]
+            for o in others:
+                if o == m:
+                    cells.append("-")
+                else:
+                    ok, strict = self.win_rate(m, o)
+                    cells.append(f"{ok:.0%} ({strict:.0%})")
+            lat = _dur(st["median_wall_s"])
+            if not math.isnan(st["median_inference_s"]):
+                lat += f" (inference {_dur(st['median_inference_s'])})"
+            cells.append(lat)
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Gap: T / T_ref - 1 of the objective. Wins: share of instances where the "
+                      "row's method is at least as good as the column's (ties count); in "
+                      "brackets strictly better. Latency: wall time to produce the plan (the "
+                      "policy's includes building the environment and scoring the plan; its "
+                      "inference is the masked rollout alone)."]
+        return "\n".join(lines) + "\n"
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    v = float(np.quantile(np.asarray(values, dtype=float), q))
+    if math.isnan(v) and any(math.isinf(x) for x in values):
+        return math.inf
+    return v
+
+
+def _pct(x: float) -> str:
+    if math.isnan(x):
+        return "n/a"
+    if math.isinf(x):
+        return "no plan"
+    return f"{x:.1%}"
+
+
+def _dur(s: float) -> str:
+    if math.isnan(s):
+        return "n/a"
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: Any = None,
+             objective: str | None = None, samples: int | None = None, seed: int = 0,
+             time_limit: float = 60.0, workers: int = 1, budget: int = 200,
+             progress: Callable[[int, str], None] | None = None,
+             on_start: Callable[[int, str], None] | None = None) -> Evaluation:
+    """Run ``methods`` on instances ``0 .. n-1`` of ``suite`` (a ``Suite`` or its name).
+
+    ``bundle`` (a loaded policy) is needed when ``policy`` is among the methods; the
+    objective and sample count default to the policy's training settings (else ``mean``
+    and 16). ``progress(index, method)`` is called after every method on every instance.
+    """
+    from hetpar.solvers.api import solve
+
+    if isinstance(suite, (str, Path)):
+        from hetpar.envs.generator import load_suite
+        suite = load_suite(suite)
+    methods = tuple(methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError("", "methods", f"unknown method(s) {', '.join(unknown)} "
+                                         f"(known: {', '.join(METHODS)})")
+    if "policy" in methods and bundle is None:
+        raise ConfigError("", "policy", "the 'policy' method needs a policy")
+    defaults = bundle.env_kwargs if bundle is not None else {}
+    obj = Objective.parse(objective if objective is not None else
+                          str(defaults.get("objective", "mean")))
+    k = int(samples if samples is not None else defaults.get("samples", 16))
+    instances = suite.instances(n)
+    if "policy" in methods:
+        from hetpar.agents.planner import check_hosts
+        for inst in instances:  # refuse before hours of exact search, not after
+            check_hosts(bundle, inst, f"{suite.name} instance {inst.name}")
+
+    result = Evaluation(suite.name, n, methods, obj.name, k, seed, time_limit,
+                        policy=str(bundle.path) if bundle is not None else "")
+    for i, inst in enumerate(instances):
+        cluster, model, training = inst.cluster, inst.model, inst.training
+        rows: list[Row] = []
+        for m in methods:
+            if on_start is not None:
+                on_start(i, m)
+            row = Row(suite.name, i, inst.name, inst.num_hosts, cluster.num_gpus, model.name,
+                      m, obj.name, math.inf, 0.0)
+            start = time.perf_counter()
+            try:
+                if m == "policy":
+                    from hetpar.agents.planner import plan_with_policy
+                    pp = plan_with_policy(bundle, inst, objective=obj, seed=seed, samples=k)
+                    row.value_s, row.inference_s = pp.value, pp.inference_s
+                else:
+                    sol = solve(cluster, model, training, method=m, objective=obj, samples=k,
+                                seed=seed, workers=workers, budget=budget,
+                                time_limit=time_limit if m == "exact" else None)
+                    row.value_s = sol.value if sol.found else math.inf
+                    row.optimal = bool(sol.certificate is not None and sol.certificate.optimal)
+                    if not sol.found:
+                        row.error = "no plan found"
+            except HetparError as exc:
+                row.error = " ".join(str(exc).split())
+            row.wall_s = time.perf_counter() - start
+            rows.append(row)
+            if progress is not None:
+                progress(i, m)
+        _fill_gaps(rows)
+        result.rows.extend(rows)
+    return result
+
+
+def _fill_gaps(rows: list[Row]) -> None:
+    """Gaps of one instance's rows: to a proven-optimal exact, else to the best plan."""
+    exact = next((r for r in rows if r.method == "exact" and r.optimal), None)
+    if exact is not None:
+        ref, label = exact.value_s, "exact (optimal)"
+    else:
+        found = [r for r in rows if math.isfinite(r.value_s)]
+        if not found:
+            for r in rows:
+                r.reference = "none (no method found a plan)"
+            return
+        best = min(found, key=lambda r: r.value_s)
+        ref, label = best.value_s, f"best found ({best.method})"
+    for r in rows:
+        r.reference = label
+        if math.isinf(r.value_s):
+            r.gap = math.inf
+        else:
+            gap = r.value_s / ref - 1.0
+            r.gap = 0.0 if abs(gap) < 1e-12 else gap
+
+
+def write_outputs(result: Evaluation, out_dir: str | Path) -> list[Path]:
+    """Write results.csv, summary.md and gap_vs_size.png into ``out_dir`` (created)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        csv_path = out / "results.csv"
+        with csv_path.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+            writer.writeheader()
+            for r in result.rows:
+                writer.writerow(r.as_csv())
+        md_path = out / "summary.md"
+        md_path.write_text(result.summary_markdown(), encoding="utf-8")
+        png_path = plot_gaps(result, out / "gap_vs_size.png")
+    except OSError as exc:
+        raise ConfigError(str(out), "", f"cannot write: {exc.strerror}") from None
+    return [csv_path, md_path, png_path]
+
+
+def plot_gaps(result: Evaluation, path: str | Path) -> Path:
+    """Scatter of the gap (%) against the cluster's GPU count, one series per method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    markers = {"policy": "o", "exact": "s", "metis": "^", "megatron": "v", "random": "x"}
+    worst = 0.0
+    for j, m in enumerate(result.methods):
+        pts = [(r.gpus, r.gap * 100) for r in result.of(m) if math.isfinite(r.gap)]
+        if not pts:
+            continue
+        x = np.array([p[0] for p in pts], dtype=float)
+        # A small horizontal offset per method keeps coincident points visible.
+        x = x * (1 + 0.015 * (j - (len(result.methods) - 1) / 2))
+        y = np.array([p[1] for p in pts])
+        worst = max(worst, float(y.max()))
+        ax.scatter(x, y, label=m, marker=markers.get(m, "o"), s=28, alpha=0.8)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    if worst > 50:
+        ax.set_yscale("symlog", linthresh=10)
+    ax.set_xlabel("cluster size (GPUs)")
+    ax.set_ylabel("gap to reference (%)")
+    ax.set_title(f"{result.suite}: objective {result.objective}, {result.n} instances "
+                 f"(reference: exact optimum, else best plan found)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,205 @@
+"""Plan with a trained policy: one deterministic masked rollout in ``PlanBuilderEnv``.
+
+``plan_with_policy`` builds a plan-building environment for exactly one instance with the
+keyword arguments the policy was trained with (``bundle.meta["env_kwargs"]``), in the
+``robust`` bandwidth mode (the policy sees each link's distribution, not one draw), and
+lets the policy pick the most likely allowed action at every step. The masks guarantee a
+plan that fits in memory.
+
+The plan is then scored like the solvers score theirs: a ``CostModel`` over ``samples``
+bandwidth states drawn with ``seed`` (the same states as ``solve(..., samples=K,
+seed=seed)``), so values are directly comparable with ``exact`` and the baselines.
+
+Timing: ``setup_s`` is the environment construction (feasibility tables of the instance),
+``inference_s`` the rollout (policy forward passes plus the masks of the visited states),
+``forward_s`` the policy's forward passes alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from hetpar.cluster.topology import Cluster
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.estimate import CostModel, Estimate
+from hetpar.costmodel.objective import Objective
+from hetpar.envs.types import Instance
+from hetpar.errors import ConfigError, HetparError, InfeasibleError
+from hetpar.plan import Plan
+from hetpar.workload.model import ModelSpec
+from hetpar.workload.training import TrainingSpec
+
+__all__ = ["PolicyPlan", "plan_with_policy", "instance_of", "check_hosts", "DEFAULT_SAMPLES"]
+
+DEFAULT_SAMPLES = 16  # bandwidth states when the policy's metadata does not say
+_MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environment pair
+
+
+class PolicyLike(Protocol):
+    """What ``hetpar.agents.io.load_policy`` returns (``PolicyBundle``)."""
+
+    model: Any
+    meta: dict[str, Any]
+    path: Any
+
+    @property
+    def max_hosts(self) -> int: ...
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """A plan produced by a policy, its estimate and how long it took."""
+
+    plan: Plan
+    estimate: Estimate
+    value: float  # the objective's value in seconds over the fixed bandwidth samples
+    objective: str
+    samples: int
+    seed: int
+    steps: int  # environment steps of the rollout
+    setup_s: float  # environment construction for this instance
+    inference_s: float  # the rollout: forward passes and masks
+    forward_s: float  # the policy's forward passes alone
+    policy: str  # the policy file
+    env_value: float = math.nan  # the environment's own score (instance-seeded samples)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def wall_s(self) -> float:
+        return self.setup_s + self.inference_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": "policy", "policy": self.policy, "objective": self.objective,
+                "value_s": self.value, "samples": self.samples, "seed": self.seed,
+                "steps": self.steps, "setup_s": self.setup_s, "inference_s": self.inference_s,
+                "forward_s": self.forward_s, "wall_s": self.wall_s,
+                "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
+
+
+def instance_of(cluster: Cluster | Instance, model: ModelSpec | None = None,
+                training: TrainingSpec | None = None, *, name: str | None = None) -> Instance:
+    """An ``Instance`` for already-loaded cluster, model and training objects.
+
+    The environment only reads the parsed objects of an instance, so they are attached
+    directly instead of being re-serialised into documents."""
+    if isinstance(cluster, Instance):
+        return cluster
+    if model is None or training is None:
+        raise TypeError("instance_of needs a model and a training spec with a cluster")
+    inst = Instance(name=name or f"{cluster.name}/{model.name}", cluster_doc={}, model_doc={},
+                    training_doc={}, seed=-1)
+    # Instance's cluster/model/training are cached properties: pre-fill their cache.
+    inst.__dict__.update(cluster=cluster, model=model, training=training)
+    return inst
+
+
+def _policy_name(bundle: PolicyLike) -> str:
+    path = getattr(bundle, "path", None)
+    return str(path) if path is not None else "<policy>"
+
+
+def check_hosts(bundle: PolicyLike, inst: Instance, source: str = "") -> None:
+    """ConfigError naming the policy file when the instance has more hosts (or layers) than
+    the policy handles."""
+    from hetpar.agents.io import check_compatible
+
+    check_compatible(bundle, inst.num_hosts, source=source or inst.cluster.name,
+                     model_layers=inst.model.layers)
+
+
+def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
+                     model: ModelSpec | None = None, training: TrainingSpec | None = None, *,
+                     objective: str | Objective | None = None, seed: int = 0,
+                     samples: int | None = None, constants: CostConstants | None = None,
+                     threads: int | None = 1, source: str = "") -> PolicyPlan:
+    """One deterministic masked rollout of ``bundle``'s policy on one instance.
+
+    ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
+    ``objective`` defaults to the one the policy was trained for, ``samples`` to its
+    robust-mode sample count; the plan is scored over ``samples`` bandwidth states drawn
+    with ``seed``. ``threads`` sets torch's intra-op threads for the rollout (restored
+    afterwards; None leaves it alone). Raises ConfigError when the cluster has more hosts
+    than the policy's ``max_hosts`` (``source``, e.g. the cluster file, names it).
+    """
+    import torch
+
+    from hetpar.envs.env import PlanBuilderEnv
+
+    inst = instance_of(cluster, model, training)
+    check_hosts(bundle, inst, source)
+    kwargs = dict(bundle.env_kwargs)
+    kwargs.pop("max_hosts", None)
+    trained_obj = Objective.parse(str(kwargs.pop("objective", "mean")))
+    obj = (objective if isinstance(objective, Objective) else
+           Objective.parse(objective) if objective is not None else trained_obj)
+    k = int(samples if samples is not None else kwargs.get("samples") or DEFAULT_SAMPLES)
+    if k < 1:
+        raise ConfigError("", "samples", f"must be at least 1, got {k}")
+    kwargs.pop("bandwidth", None)
+    kwargs["samples"] = k
+
+    start = time.perf_counter()
+    env = PlanBuilderEnv([inst], max_hosts=bundle.max_hosts, objective=obj.name,
+                         bandwidth="robust", constants=constants, **kwargs)
+    obs, _ = env.reset(seed=seed, options={"instance": 0})
+    policy = bundle.model.policy
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    steps, forward_s = 0, 0.0
+    info: dict[str, Any] = {}
+    try:
+        policy.set_training_mode(False)
+        with torch.no_grad():
+            # torch initialises its kernels on the first forward pass of a process: a
+            # one-time cost like Python's start-up, counted in setup_s, not inference_s.
+            _act(policy, obs, np.ones(env.action_space.n, dtype=bool))
+        setup_s = time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.no_grad():
+            while True:
+                masks = env.action_masks()
+                t0 = time.perf_counter()
+                action = _act(policy, obs, masks)
+                forward_s += time.perf_counter() - t0
+                obs, _, terminated, truncated, info = env.step(action)
+                steps += 1
+                if terminated:
+                    break
+                if truncated or info.get("invalid_action") or steps >= _MAX_STEPS:
+                    raise HetparError(f"{_policy_name(bundle)}: the policy chose an action the "
+                                      f"environment forbids (step {steps}); its action space "
+                                      f"does not match this hetpar version's environment")
+        inference_s = time.perf_counter() - start
+    finally:
+        if threads is not None:
+            torch.set_num_threads(old_threads)
+
+    plan: Plan = info["plan"]
+    cm = CostModel(inst.cluster, inst.model, inst.training, constants=constants, samples=k,
+                   seed=seed)
+    est = cm.evaluate(plan)
+    value = est.value(obj)
+    if not math.isfinite(value):  # pragma: no cover - the masks guarantee a fitting plan
+        raise InfeasibleError(f"the policy's plan does not fit in memory: "
+                              f"{'; '.join(est.overflow)}")
+    return PolicyPlan(plan=plan, estimate=est, value=value, objective=obj.name, samples=k,
+                      seed=seed, steps=steps, setup_s=setup_s, inference_s=inference_s,
+                      forward_s=forward_s, policy=_policy_name(bundle),
+                      env_value=float(info.get("objective_s", math.nan)))
+
+
+def _act(policy: Any, obs: dict[str, Any], masks: Any) -> int:
+    """The most likely allowed action (MaskablePPO's deterministic prediction, without the
+    per-call overhead of ``predict``)."""
+    obs_t, _ = policy.obs_to_tensor(obs)
+    dist = policy.get_distribution(obs_t, action_masks=np.array(masks, dtype=bool))
+    return int(dist.get_actions(deterministic=True).reshape(-1)[0].item())

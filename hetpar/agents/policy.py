@@ -1,0 +1,252 @@
+"""A ``MaskablePPO`` policy whose size does not depend on the cluster: host attention.
+
+``HostAttentionPolicy`` reads the ``PlanBuilder-v0`` observation (``hosts``, ``host_mask``,
+``pairs``, ``globals``) and produces one logit per flat action and a state value:
+
+1. **Encoders**: the global features go through an MLP (``g``); each host's features go
+   through a shared MLP, plus a projection of ``g`` (``h_i``).
+2. **Host attention** (``rounds`` rounds, default 2): multi-head attention over the real
+   hosts, where the score of host ``i`` attending to host ``j`` gets a per-head bias from
+   an edge MLP on the pair features of ``(i, j)`` (bandwidth mean, variability, this
+   episode's draw, latency), and the message adds an edge embedding of those pair
+   features weighted by the attention. Padded hosts are masked out as keys and zeroed.
+   Each round is a pre-norm transformer block (attention + feed-forward, residual).
+3. **Pooling**: masked mean and max of the host embeddings with ``g`` through an MLP
+   gives the pooled embedding ``z``.
+4. **Heads**: memory, micro-batch and TP logits are linear in ``z``; **host logits are
+   pointer-style**: an MLP of ``[h_i, z]`` per host, so they permute with the hosts and
+   exist for any host count; **layer logits are scale-free**: for each ``k`` an MLP of
+   per-``k`` features (``k/L``, ``k/layers_left``, ``1 - k/layers_left``, ``k ==
+   layers_left``, ``k`` over the open stage's capacity, ``log k``) plus a projection of
+   ``z``; the value comes from an MLP of ``z``.
+
+Work is done only on the first ``n`` host rows, ``n`` the largest real host index in the
+batch plus one, so a policy with ``max_hosts=32`` costs little on 4-host clusters.
+
+Implementation in SB3 terms: the features extractor returns the logits and a value
+latent side by side, the ``mlp_extractor`` splits them, ``action_net`` is the identity
+and ``value_net`` a linear layer; action masking is sb3-contrib's (masked logits).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+
+from hetpar.envs.actions import ActionLayout
+from hetpar.envs.observation import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES
+
+__all__ = ["HostAttentionExtractor", "HostAttentionPolicy", "layout_from_spaces"]
+
+_G = {name: i for i, name in enumerate(GLOBAL_FEATURES)}
+_LAYER_FEATURES = 6
+
+
+def layout_from_spaces(observation_space: gym.spaces.Dict, n_actions: int,
+                       max_micro: int = 16, max_tp_log2: int = 4) -> ActionLayout:
+    """The action layout of an env from its spaces (max_layers is what remains)."""
+    max_hosts = int(observation_space["hosts"].shape[0])
+    layout = ActionLayout(max_hosts, max_micro, max_tp_log2, 1)
+    max_layers = n_actions - (layout.n - 1)
+    if max_layers < 1:
+        raise ValueError(f"{n_actions} actions do not fit the layout of {max_hosts} hosts")
+    return ActionLayout(max_hosts, max_micro, max_tp_log2, max_layers)
+
+
+def _mlp(sizes: list[int], last_act: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_act:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class _AttentionBlock(nn.Module):
+    """Pre-norm multi-head attention over hosts with pair-feature bias and messages."""
+
+    def __init__(self, dim: int, heads: int, edge_dim: int) -> None:
+        super().__init__()
+        self.heads, self.dk = heads, dim // heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.edge_bias = nn.Linear(edge_dim, heads)
+        self.edge_msg = nn.Linear(edge_dim, dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, h: th.Tensor, edges: th.Tensor, key_mask: th.Tensor) -> th.Tensor:
+        # h (B, n, d); edges (B, n, n, e); key_mask (B, n) bool, True = real host.
+        b, n, d = h.shape
+        q, k, v = self.qkv(self.norm1(h)).view(b, n, 3, self.heads, self.dk).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, n, dk)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.dk)
+        scores = scores + self.edge_bias(edges).permute(0, 3, 1, 2)
+        scores = scores.masked_fill(~key_mask[:, None, None, :], -1e9)
+        attn = th.softmax(scores, dim=-1)  # (B, heads, n, n)
+        msg = (attn @ v).transpose(1, 2).reshape(b, n, d)
+        msg = msg + th.einsum("bij,bijd->bid", attn.mean(1), self.edge_msg(edges))
+        h = h + self.out(msg)
+        h = h + self.ffn(self.norm2(h))
+        return h * key_mask[..., None].to(h.dtype)
+
+
+class HostAttentionExtractor(BaseFeaturesExtractor):
+    """Observation -> [logits of every action | value latent] (see the module docstring)."""
+
+    def __init__(self, observation_space: gym.spaces.Dict, n_actions: int, dim: int = 64,
+                 heads: int = 4, rounds: int = 2, edge_dim: int = 32, value_dim: int = 64,
+                 max_micro: int = 16, max_tp_log2: int = 4) -> None:
+        super().__init__(observation_space, features_dim=n_actions + value_dim)
+        self.layout = layout_from_spaces(observation_space, n_actions, max_micro, max_tp_log2)
+        self.n_actions, self.value_dim = n_actions, value_dim
+        nh, npair, ng = len(HOST_FEATURES), len(PAIR_FEATURES), len(GLOBAL_FEATURES)
+        self.glob = _mlp([ng, dim, dim])
+        self.host_in = _mlp([nh, dim, dim], last_act=False)
+        self.glob_to_host = nn.Linear(dim, dim)
+        self.edge = _mlp([npair, edge_dim, edge_dim])
+        self.blocks = nn.ModuleList(_AttentionBlock(dim, heads, edge_dim) for _ in range(rounds))
+        self.norm = nn.LayerNorm(dim)
+        self.pool = _mlp([3 * dim, dim, dim])
+        sizes = self.layout.sizes
+        self.memory_head = nn.Linear(dim, sizes[0])
+        self.micro_head = nn.Linear(dim, sizes[1])
+        self.tp_head = nn.Linear(dim, sizes[2])
+        self.host_head = _mlp([2 * dim, dim, 1], last_act=False)
+        self.layer_z = nn.Linear(dim, dim // 2)
+        self.layer_k = nn.Linear(_LAYER_FEATURES, dim // 2)
+        self.layer_out = nn.Sequential(nn.ReLU(), nn.Linear(dim // 2, dim // 2), nn.ReLU(),
+                                       nn.Linear(dim // 2, 1))
+        self.value = _mlp([dim, value_dim])
+        self.register_buffer("ks", th.arange(1, self.layout.max_layers + 1, dtype=th.float32),
+                             persistent=False)
+        for head in (self.memory_head, self.micro_head, self.tp_head, self.host_head[-1],
+                     self.layer_out[-1]):
+            nn.init.orthogonal_(head.weight, gain=0.01)
+            nn.init.zeros_(head.bias)
+
+    def _layer_features(self, g: th.Tensor) -> th.Tensor:
+        max_layers = float(self.layout.max_layers)
+        total = (g[:, _G["model_layers"]] * max_layers).clamp(min=1.0)[:, None]  # L
+        left = (g[:, _G["layers_left"]:_G["layers_left"] + 1] * total).clamp(min=1.0)
+        cap = (g[:, _G["open_capacity"]:_G["open_capacity"] + 1] * total).clamp(min=1.0)
+        k = self.ks[None, :]
+        feats = [k / total, (k / left).clamp(max=4.0), (1.0 - k / left).clamp(min=-3.0),
+                 (th.abs(k - left) < 0.5).to(g.dtype), (k / cap).clamp(max=4.0),
+                 (th.log1p(k) / math.log1p(max_layers)).expand_as(total * k)]
+        return th.stack(feats, dim=-1)  # (B, max_layers, F)
+
+    def forward(self, obs: dict[str, th.Tensor]) -> th.Tensor:
+        hosts, mask, pairs, g = obs["hosts"], obs["host_mask"], obs["pairs"], obs["globals"]
+        b, max_hosts = mask.shape
+        real = mask > 0.5
+        any_real = real.any(0)
+        n = int(th.nonzero(any_real).max().item()) + 1 if bool(any_real.any()) else 1
+        real_n = real[:, :n]
+        gz = self.glob(g)
+        h = self.host_in(hosts[:, :n]) + self.glob_to_host(gz)[:, None, :]
+        h = h * real_n[..., None].to(h.dtype)
+        edges = self.edge(pairs[:, :n, :n])
+        # A row without real hosts (never produced by the env) must not give NaNs.
+        key_mask = real_n | ~real_n.any(1, keepdim=True)
+        for block in self.blocks:
+            h = block(h, edges, key_mask)
+        h = self.norm(h) * real_n[..., None].to(h.dtype)
+        count = real_n.sum(1, keepdim=True).clamp(min=1).to(h.dtype)
+        mean = h.sum(1) / count
+        mx = h.masked_fill(~real_n[..., None], -1e4).max(1).values.clamp(min=-1e3)
+        z = self.pool(th.cat([mean, mx, gz], dim=-1))
+        host_logits = self.host_head(th.cat([h, z[:, None, :].expand(-1, n, -1)], dim=-1))
+        host_logits = host_logits.squeeze(-1) * real_n.to(h.dtype)
+        if n < max_hosts:
+            host_logits = th.cat([host_logits, host_logits.new_zeros(b, max_hosts - n)], dim=1)
+        kf = self.layer_k(self._layer_features(g))  # (B, L, d/2)
+        layer_logits = self.layer_out(kf + self.layer_z(z)[:, None, :]).squeeze(-1)
+        logits = th.cat([self.memory_head(z), self.micro_head(z), self.tp_head(z),
+                         host_logits, layer_logits], dim=1)
+        return th.cat([logits, self.value(z)], dim=1)
+
+
+class _Split(nn.Module):
+    """``mlp_extractor`` stand-in: splits [logits | value latent]."""
+
+    def __init__(self, n_actions: int, value_dim: int) -> None:
+        super().__init__()
+        self.latent_dim_pi, self.latent_dim_vf = n_actions, value_dim
+
+    def forward(self, features: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        return self.forward_actor(features), self.forward_critic(features)
+
+    def forward_actor(self, features: th.Tensor) -> th.Tensor:
+        return features[:, :self.latent_dim_pi]
+
+    def forward_critic(self, features: th.Tensor) -> th.Tensor:
+        return features[:, self.latent_dim_pi:]
+
+
+class HostAttentionPolicy(MaskableActorCriticPolicy):
+    """``MaskableActorCriticPolicy`` with ``HostAttentionExtractor`` producing the logits.
+
+    ``policy_kwargs`` (in the training config): ``dim``, ``heads``, ``rounds``,
+    ``edge_dim``, ``value_dim``, ``max_micro``, ``max_tp_log2`` (the env's ``max_micro``
+    and ``log2(max_tp)``). Parameters do not depend on ``max_hosts``.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Dict, action_space: gym.spaces.Discrete,
+                 lr_schedule: Any, dim: int = 64, heads: int = 4, rounds: int = 2,
+                 edge_dim: int = 32, value_dim: int = 64, max_micro: int = 16,
+                 max_tp_log2: int = 4, **kwargs: Any) -> None:
+        kwargs.pop("features_extractor_class", None)
+        extractor_kwargs = dict(n_actions=int(action_space.n), dim=dim, heads=heads,
+                                rounds=rounds, edge_dim=edge_dim, value_dim=value_dim,
+                                max_micro=max_micro, max_tp_log2=max_tp_log2)
+        kwargs["features_extractor_kwargs"] = extractor_kwargs
+        kwargs.setdefault("ortho_init", False)
+        kwargs["share_features_extractor"] = True
+        kwargs["net_arch"] = []
+        self._arch = dict(dim=dim, heads=heads, rounds=rounds, edge_dim=edge_dim,
+                          value_dim=value_dim, max_micro=max_micro, max_tp_log2=max_tp_log2)
+        super().__init__(observation_space, action_space, lr_schedule,
+                         features_extractor_class=HostAttentionExtractor, **kwargs)
+
+    def _build_mlp_extractor(self) -> None:
+        ex = self.features_extractor
+        assert isinstance(ex, HostAttentionExtractor)
+        self.mlp_extractor = _Split(ex.n_actions, ex.value_dim)  # type: ignore[assignment]
+
+    def _build(self, lr_schedule: Any) -> None:
+        self._build_mlp_extractor()
+        self.action_net = nn.Identity()
+        self.value_net = nn.Linear(self.mlp_extractor.latent_dim_vf, 1)
+        nn.init.orthogonal_(self.value_net.weight, gain=1.0)
+        nn.init.zeros_(self.value_net.bias)
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1),
+                                              **self.optimizer_kwargs)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.pop("features_extractor_class", None)
+        data.pop("features_extractor_kwargs", None)
+        data.pop("net_arch", None)
+        data.pop("share_features_extractor", None)
+        data.update(self._arch)
+        return data
+
+    def logits(self, obs: dict[str, np.ndarray] | dict[str, th.Tensor]) -> th.Tensor:
+        """Unmasked action logits for a batch of observations (numpy or torch)."""
+        tensors, _ = self.obs_to_tensor(obs)  # type: ignore[arg-type]
+        with th.no_grad():
+            features = self.extract_features(tensors)  # type: ignore[arg-type]
+            return self.action_net(self.mlp_extractor.forward_actor(features))
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

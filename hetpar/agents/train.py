@@ -1,0 +1,460 @@
+"""``hetpar train``: MaskablePPO with ``HostAttentionPolicy`` on a topology suite.
+
+Configuration (YAML, in the style of rl-baselines3-zoo; ``configs/train/*.yaml``)::
+
+    suite: train-small        # training suite (name or file)
+    seed: 0
+    total_timesteps: 200000
+    n_envs: 2                 # SubprocVecEnv when > 1
+    torch_threads: 1
+    env:                      # PlanBuilderEnv keyword arguments
+      max_hosts: 32
+      objective: mean
+      bandwidth: robust       # or sampled
+      samples: 16
+      instances: 1024         # pool of training instances (indices 0..N-1 of the suite)
+      max_layers: 128
+      max_micro: 16
+      max_tp: 16
+    ppo: {learning_rate: 3.0e-4, n_steps: 512, batch_size: 256, n_epochs: 4, gamma: 1.0,
+          gae_lambda: 0.95, clip_range: 0.2, ent_coef: 0.01, vf_coef: 0.5,
+          max_grad_norm: 0.5, target_kl: null}   # learning_rate may be "lin_3e-4"
+    policy_kwargs: {dim: 64, heads: 4, rounds: 2, edge_dim: 32, value_dim: 64}
+    eval:                     # fixed held-out evaluation set
+      suite: train-small      # indices start .. start+n-1, never in the training pool
+      start: 1000000
+      n: 12
+      freq: 20000             # timesteps between evaluations (0: only at the end)
+      exact_time_limit: 20    # seconds per instance, computed once and cached
+      samples: 16             # bandwidth draws of the robust objective
+    checkpoint: {freq: 50000, keep: 3}
+
+A run folder ``runs/<run-name>/`` holds ``config.yaml`` (resolved), ``tb/`` (TensorBoard),
+``checkpoints/``, ``eval_reference.json`` (exact and metis values of the evaluation set),
+``eval_history.jsonl``, ``best_policy.zip``, ``final_policy.zip`` and, after Ctrl-C,
+``interrupted_policy.zip``, from which ``--resume`` continues.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetpar.configio import Reader, bundled_dir, load_document
+from hetpar.errors import ConfigError
+
+__all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "TrainResult",
+           "resolve_train_config_path"]
+
+_TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads", "env",
+                       "ppo", "policy_kwargs", "eval", "checkpoint", "description"})
+_ENV_KEYS = frozenset({"max_hosts", "objective", "bandwidth", "samples", "instances",
+                       "max_layers", "max_micro", "max_tp"})
+_PPO_FLOAT = ("gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm")
+_PPO_INT = ("n_steps", "batch_size", "n_epochs")
+_PPO_KEYS = frozenset({"learning_rate", "clip_range", "target_kl", *_PPO_FLOAT, *_PPO_INT})
+_POLICY_KEYS = frozenset({"dim", "heads", "rounds", "edge_dim", "value_dim"})
+_EVAL_KEYS = frozenset({"suite", "start", "n", "freq", "exact_time_limit", "samples"})
+_CKPT_KEYS = frozenset({"freq", "keep"})
+
+RESUME_FILE = "interrupted_policy.zip"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A validated training configuration (``as_dict`` is what ``config.yaml`` holds)."""
+
+    suite: str
+    seed: int
+    total_timesteps: int
+    n_envs: int
+    torch_threads: int
+    env: dict[str, Any]
+    ppo: dict[str, Any]
+    policy_kwargs: dict[str, Any]
+    eval: dict[str, Any]
+    checkpoint: dict[str, Any]
+    name: str = "train"
+    source: str = "<dict>"
+    description: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"suite": self.suite, "seed": self.seed, "total_timesteps": self.total_timesteps,
+                "n_envs": self.n_envs, "torch_threads": self.torch_threads,
+                "env": dict(self.env), "ppo": dict(self.ppo),
+                "policy_kwargs": dict(self.policy_kwargs), "eval": dict(self.eval),
+                "checkpoint": dict(self.checkpoint), "description": self.description}
+
+    def with_overrides(self, *, timesteps: int | None = None, seed: int | None = None,
+                       n_envs: int | None = None) -> TrainConfig:
+        data = self.as_dict()
+        if timesteps is not None:
+            data["total_timesteps"] = timesteps
+        if seed is not None:
+            data["seed"] = seed
+        if n_envs is not None:
+            data["n_envs"] = n_envs
+        return parse_train_config(data, "--command-line", name=self.name)
+
+
+def _lr(value: Any, r: Reader, key: str) -> float | str:
+    if isinstance(value, str):
+        m = re.fullmatch(r"lin_([0-9.eE+-]+)", value)
+        try:
+            if m and float(m.group(1)) > 0:
+                return value
+        except ValueError:
+            pass
+        raise r.error(key, f"expected a positive number or 'lin_<number>', got {value!r}")
+    return r.number(key, positive=True)
+
+
+def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train") -> TrainConfig:
+    """Validate a training config mapping; unknown or bad fields raise ``ConfigError``."""
+    r = Reader.of(data, source)
+    r.check_keys(_TOP_KEYS)
+    suite = r.str("suite")
+    env_r = r.sub("env", {})
+    env_r.check_keys(_ENV_KEYS)
+    env: dict[str, Any] = {
+        "max_hosts": env_r.int("max_hosts", 32, minimum=1),
+        "objective": env_r.str("objective", "mean"),
+        "bandwidth": env_r.choice("bandwidth", ("sampled", "robust"), "robust"),
+        "samples": env_r.int("samples", 16, minimum=1),
+        "instances": env_r.int("instances", None, minimum=1),
+        "max_layers": env_r.int("max_layers", 128, minimum=1),
+        "max_micro": env_r.int("max_micro", 16, minimum=1),
+        "max_tp": env_r.int("max_tp", 16, minimum=1),
+    }
+    from hetpar.costmodel.objective import Objective
+    try:
+        Objective.parse(env["objective"])
+    except ConfigError as exc:
+        raise env_r.error("objective", exc.problem) from None
+    if env["max_tp"] & (env["max_tp"] - 1):
+        raise env_r.error("max_tp", f"must be a power of two, got {env['max_tp']}")
+    ppo_r = r.sub("ppo", {})
+    ppo_r.check_keys(_PPO_KEYS)
+    ppo: dict[str, Any] = {"learning_rate": _lr(ppo_r.raw("learning_rate", 3e-4), ppo_r,
+                                                "learning_rate")}
+    defaults = {"n_steps": 512, "batch_size": 256, "n_epochs": 4, "gamma": 1.0,
+                "gae_lambda": 0.95, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5}
+    for key in _PPO_INT:
+        ppo[key] = ppo_r.int(key, defaults[key], minimum=1)
+    for key in _PPO_FLOAT:
+        ppo[key] = ppo_r.number(key, defaults[key], nonnegative=True)
+    ppo["clip_range"] = ppo_r.number("clip_range", 0.2, positive=True)
+    ppo["target_kl"] = ppo_r.number("target_kl", None, positive=True)
+    pol_r = r.sub("policy_kwargs", {})
+    pol_r.check_keys(_POLICY_KEYS)
+    pol = {"dim": pol_r.int("dim", 64, minimum=4), "heads": pol_r.int("heads", 4, minimum=1),
+           "rounds": pol_r.int("rounds", 2, minimum=0),
+           "edge_dim": pol_r.int("edge_dim", 32, minimum=1),
+           "value_dim": pol_r.int("value_dim", 64, minimum=1)}
+    if pol["dim"] % pol["heads"] or pol["dim"] % 2:
+        raise pol_r.error("dim", f"must be even and divisible by heads={pol['heads']}, "
+                                 f"got {pol['dim']}")
+    ev_r = r.sub("eval", {})
+    ev_r.check_keys(_EVAL_KEYS)
+    ev = {"suite": ev_r.str("suite", suite), "start": ev_r.int("start", 1_000_000, minimum=0),
+          "n": ev_r.int("n", 8, minimum=0), "freq": ev_r.int("freq", 20_000, minimum=0),
+          "exact_time_limit": ev_r.number("exact_time_limit", 10.0, positive=True),
+          "samples": ev_r.int("samples", env["samples"], minimum=1)}
+    ck_r = r.sub("checkpoint", {})
+    ck_r.check_keys(_CKPT_KEYS)
+    ck = {"freq": ck_r.int("freq", 50_000, minimum=0), "keep": ck_r.int("keep", 3, minimum=1)}
+    cfg = TrainConfig(suite=suite, seed=r.int("seed", 0, minimum=0),
+                      total_timesteps=r.int("total_timesteps", minimum=1),
+                      n_envs=r.int("n_envs", 1, minimum=1),
+                      torch_threads=r.int("torch_threads", 1, minimum=1), env=env, ppo=ppo,
+                      policy_kwargs=pol, eval=ev, checkpoint=ck, name=name, source=source,
+                      description=str(r.raw("description", "")).strip())
+    return cfg
+
+
+def resolve_train_config_path(path_or_name: str | Path) -> Path:
+    """A config file, or the name of a bundled one in ``configs/train/``."""
+    p = Path(path_or_name)
+    if p.is_file():
+        return p
+    if p.exists():
+        raise ConfigError(str(p), "", "is not a file")
+    folder = bundled_dir() / "train"
+    candidate = folder / f"{p.name}.yaml"
+    if len(p.parts) == 1 and p.suffix not in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    known = ", ".join(sorted(q.stem for q in folder.glob("*.yaml"))) or "none"
+    raise ConfigError(str(p), "", f"no such training config (bundled: {known})")
+
+
+def load_train_config(path_or_name: str | Path) -> TrainConfig:
+    path = resolve_train_config_path(path_or_name)
+    return parse_train_config(load_document(path), str(path), name=path.stem)
+
+
+# ---- training --------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    final_policy: Path | None
+    best_policy: Path | None
+    timesteps: int
+    wall_s: float
+    interrupted: bool
+    last_eval: dict[str, Any] | None = None
+    log: list[str] = field(default_factory=list)
+
+
+def _env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    return {k: v for k, v in cfg.env.items() if k != "instances"}
+
+
+def _make_env_fn(suite: str, env: Mapping[str, Any], rank: int, seed: int,
+                 subprocess: bool) -> Callable[[], Any]:
+    env = dict(env)
+
+    def make() -> Any:
+        if subprocess:
+            # Ctrl-C is the main process's business (it saves a checkpoint and closes us).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            import torch
+            torch.set_num_threads(1)
+        from stable_baselines3.common.monitor import Monitor
+
+        from hetpar.agents.callbacks import StatsWrapper
+        from hetpar.envs.env import PlanBuilderEnv
+
+        e = PlanBuilderEnv(suite, **env)
+        e.reset(seed=seed + rank)
+        return Monitor(StatsWrapper(e), info_keywords=())
+
+    return make
+
+
+def _lr_schedule(value: float | str) -> Any:
+    if isinstance(value, str):
+        start = float(value.split("_", 1)[1])
+        return _Linear(start)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class _Linear:
+    start: float
+
+    def __call__(self, progress_remaining: float) -> float:
+        return progress_remaining * self.start
+
+
+def policy_meta(cfg: TrainConfig, run_name: str, timesteps: int,
+                extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    env_kwargs = {k: cfg.env[k] for k in ("objective", "bandwidth", "samples", "max_layers",
+                                          "max_micro", "max_tp")}
+    meta = {"max_hosts": cfg.env["max_hosts"], "env_kwargs": env_kwargs,
+            "training": cfg.as_dict(), "run_name": run_name, "timesteps": int(timesteps),
+            "saved_at": datetime.now().isoformat(timespec="seconds")}
+    if extra:
+        meta.update(extra)
+    return meta
+
+
+def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path = "runs",
+          resume: bool = False, progress: bool = True,
+          log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train (or, with ``resume``, continue) a run; returns where everything went.
+
+    A ``KeyboardInterrupt`` during training saves ``interrupted_policy.zip`` in the run
+    folder and returns with ``interrupted=True``."""
+    import numpy as np
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.callbacks import CallbackList
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from hetpar.agents.callbacks import (CheckpointCallback, EvalGapCallback,
+                                         RichProgressCallback, StatsCallback, reference_values)
+    from hetpar.agents.io import save_policy
+    from hetpar.agents.policy import HostAttentionPolicy
+    from hetpar.envs.env import PlanBuilderEnv
+    from hetpar.envs.generator import load_suite
+
+    messages: list[str] = []
+
+    def say(text: str) -> None:
+        messages.append(text)
+        if log:
+            log(text)
+
+    runs = Path(runs_dir)
+    name = run_name or f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError("--run-name", "", f"use letters, digits, '.', '_' and '-', got {name!r}")
+    run_dir = runs / name
+    ckpt_dir = run_dir / "checkpoints"
+    resume_from: Path | None = None
+    if resume:
+        if not run_dir.is_dir():
+            raise ConfigError(str(run_dir), "", "no such run folder to resume")
+        resume_from = _latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise ConfigError(str(run_dir), "", "no checkpoint to resume from")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(str(run_dir), "", "the run folder exists; pick another --run-name or "
+                                            f"continue it with --resume {name}")
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_dict(), sort_keys=False))
+
+    torch.set_num_threads(cfg.torch_threads)
+    # Check the suite (and a few instances) in this process first, for clear errors.
+    env_kwargs = _env_kwargs(cfg)
+    try:
+        PlanBuilderEnv(cfg.suite, max_hosts=cfg.env["max_hosts"], instances=cfg.env["instances"],
+                       **{k: v for k, v in env_kwargs.items() if k != "max_hosts"})
+    except ConfigError as exc:
+        raise ConfigError(cfg.source, "suite", f"{cfg.suite}: {exc}") from None
+    fns = [_make_env_fn(cfg.suite, {**env_kwargs, "instances": cfg.env["instances"]}, rank,
+                        cfg.seed, cfg.n_envs > 1) for rank in range(cfg.n_envs)]
+    vec_env = SubprocVecEnv(fns) if cfg.n_envs > 1 else DummyVecEnv(fns)
+
+    # Fixed evaluation set, with exact and metis values computed once per run folder.
+    ev = cfg.eval
+    refs: list[Any] = []
+    eval_env = None
+    if ev["n"] > 0:
+        eval_suite = load_suite(ev["suite"])
+        size = eval_suite.size
+        start = ev["start"] if size is None else min(ev["start"], max(size - ev["n"], 0))
+        instances = eval_suite.instances(ev["n"] if size is None else min(ev["n"], size), start)
+        say(f"evaluation set: {len(instances)} instances of {ev['suite']} from index {start}; "
+            f"exact (time limit {ev['exact_time_limit']:g}s) and metis, cached")
+        refs = reference_values(instances, objective=cfg.env["objective"],
+                                samples=ev["samples"], time_limit=ev["exact_time_limit"],
+                                cache=run_dir / "eval_reference.json", log=say)
+        eval_env = PlanBuilderEnv(instances, **{**env_kwargs, "bandwidth": "robust",
+                                                "samples": ev["samples"]})
+
+    def save(model: Any, path: Path, extra: Mapping[str, Any] | None = None) -> Path:
+        return save_policy(model, path, policy_meta(cfg, name, model.num_timesteps, extra))
+
+    if resume_from is not None:
+        say(f"resuming {name} from {resume_from.name}")
+        model = MaskablePPO.load(resume_from, env=vec_env, device="cpu",
+                                 custom_objects={"learning_rate": _lr_schedule(
+                                     cfg.ppo["learning_rate"])},
+                                 tensorboard_log=str(run_dir / "tb"))
+    else:
+        ppo = dict(cfg.ppo)
+        ppo["learning_rate"] = _lr_schedule(ppo["learning_rate"])
+        policy_kwargs = dict(cfg.policy_kwargs, max_micro=cfg.env["max_micro"],
+                             max_tp_log2=cfg.env["max_tp"].bit_length() - 1)
+        model = MaskablePPO(HostAttentionPolicy, vec_env, policy_kwargs=policy_kwargs,
+                            tensorboard_log=str(run_dir / "tb"), seed=cfg.seed, device="cpu",
+                            verbose=0, **ppo)
+    start_steps = int(model.num_timesteps)
+    best_path = run_dir / "best_policy.zip"
+    history = run_dir / "eval_history.jsonl"
+    best_so_far = _best_from_history(history) if resume else math.inf
+    callbacks: list[Any] = [StatsCallback()]
+    eval_cb = None
+    if eval_env is not None:
+        eval_cb = EvalGapCallback(
+            eval_env, refs, ev["freq"],
+            save_best=lambda m, res: save(m, best_path, {"eval": _summary(res)}),
+            history=history, log=say, last_eval=start_steps, best=best_so_far)
+        callbacks.append(eval_cb)
+    callbacks.append(CheckpointCallback(cfg.checkpoint["freq"], save, ckpt_dir,
+                                        cfg.checkpoint["keep"]))
+    bar = RichProgressCallback(cfg.total_timesteps, start_steps, enabled=progress)
+    bar.eval_cb = eval_cb
+    callbacks.append(bar)
+    remaining = cfg.total_timesteps - start_steps
+    t0 = time.perf_counter()
+    interrupted = False
+    final: Path | None = None
+    try:
+        if remaining > 0:
+            np.random.seed(cfg.seed)  # noqa: NPY002 - SB3 seeds numpy globally too
+            model.learn(remaining, callback=CallbackList(callbacks), tb_log_name="ppo",
+                        reset_num_timesteps=not resume, progress_bar=False)
+        final = save(model, run_dir / "final_policy.zip",
+                     {"eval": _summary(eval_cb.last)} if eval_cb and eval_cb.last else None)
+        (run_dir / RESUME_FILE).unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        bar.stop()
+        path = save(model, run_dir / RESUME_FILE)
+        say(f"interrupted at {model.num_timesteps} timesteps; saved {path}; continue with "
+            f"'hetpar train --config {cfg.source} --resume {name}'")
+    finally:
+        bar.stop()
+        try:
+            vec_env.close()
+        except (EOFError, BrokenPipeError, ConnectionError):
+            pass
+    wall = time.perf_counter() - t0
+    if not interrupted:
+        say(f"trained {model.num_timesteps - start_steps} timesteps in {wall:.0f}s; "
+            f"final policy {final}")
+    return TrainResult(run_dir, final, best_path if best_path.exists() else None,
+                       int(model.num_timesteps), wall, interrupted,
+                       eval_cb.last if eval_cb else None, messages)
+
+
+def _summary(res: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not res:
+        return {}
+    return {k: v for k, v in res.items() if k != "values"}
+
+
+def _best_from_history(history: Path) -> float:
+    import json
+
+    best = math.inf
+    if history.is_file():
+        for line in history.read_text().splitlines():
+            try:
+                value = float(json.loads(line).get("gap_exact_mean", math.inf))
+            except (ValueError, TypeError):
+                continue
+            if math.isfinite(value):
+                best = min(best, value)
+    return best
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest of the interrupted and periodic checkpoints (by timesteps saved)."""
+    from hetpar.agents.io import read_meta
+
+    found: list[tuple[int, float, Path]] = []
+    candidates = [run_dir / RESUME_FILE, *(run_dir / "checkpoints").glob("policy_*_steps.zip"),
+                  run_dir / "final_policy.zip"]
+    for p in candidates:
+        if p.is_file():
+            try:
+                steps = int(read_meta(p).get("timesteps", 0))
+            except ConfigError:
+                continue
+            found.append((steps, p.stat().st_mtime, p))
+    return max(found)[2] if found else None
+
+
+def load_run_config(run_dir: Path) -> TrainConfig:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(str(path), "", "no such file (is this a hetpar run folder?)")
+    return parse_train_config(load_document(path), str(path), name=run_dir.name)
+
+
+def copy_config(cfg: TrainConfig) -> TrainConfig:
+    return copy.deepcopy(cfg)

@@ -1,0 +1,202 @@
+"""``hetpar plan`` and ``hetpar evaluate`` with a small untrained policy.
+
+An untrained policy still yields feasible plans (the masks guarantee it), which is all
+these tests need; plan quality is measured by ``hetpar evaluate`` with the shipped policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sb3_contrib")
+pytest.importorskip("matplotlib")
+
+from hetpar.agents.evaluate import CSV_COLUMNS, evaluate  # noqa: E402
+from hetpar.agents.io import load_policy, save_policy  # noqa: E402
+from hetpar.agents.planner import plan_with_policy  # noqa: E402
+from hetpar.cli.main import main  # noqa: E402
+from hetpar.cluster.topology import load_cluster  # noqa: E402
+from hetpar.costmodel.estimate import CostModel  # noqa: E402
+from hetpar.envs.generator import load_suite, save_instances  # noqa: E402
+from hetpar.errors import ConfigError  # noqa: E402
+from hetpar.workload.model import load_model  # noqa: E402
+from hetpar.workload.training import load_training  # noqa: E402
+
+SAMPLES = 4
+
+
+def _untrained(path: Path, max_hosts: int, instances) -> Path:
+    from sb3_contrib import MaskablePPO
+
+    from hetpar.envs.env import PlanBuilderEnv
+
+    env = PlanBuilderEnv(instances, max_hosts=max_hosts, bandwidth="robust", samples=SAMPLES)
+    model = MaskablePPO("MultiInputPolicy", env, seed=0, n_steps=64, batch_size=32,
+                        policy_kwargs={"net_arch": [32]})
+    return save_policy(model, path, {"max_hosts": max_hosts,
+                                     "env_kwargs": {"bandwidth": "robust",
+                                                    "samples": SAMPLES}})
+
+
+@pytest.fixture(scope="module")
+def tiny_instances():
+    # Instances 2 and 3 of the tiny suite: exact proves their optimum in seconds.
+    return load_suite("tiny").instances(2, start=2)
+
+
+@pytest.fixture(scope="module")
+def policy8(tmp_path_factory, tiny_instances) -> Path:
+    return _untrained(tmp_path_factory.mktemp("pol") / "untrained8.zip", 8, tiny_instances)
+
+
+@pytest.fixture(scope="module")
+def policy2(tmp_path_factory, tiny_instances) -> Path:
+    two = [i for i in tiny_instances if i.num_hosts <= 2]
+    return _untrained(tmp_path_factory.mktemp("pol") / "untrained2.zip", 2, two)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("hetpar: error: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("cluster", ["amp-het-16", "cloud-mixed"])
+def test_plan_with_policy_is_feasible_and_scored_like_solve(policy8, cluster):
+    bundle = load_policy(policy8)
+    cl, model, training = load_cluster(cluster), load_model("gpt2-medium"), load_training(None)
+    res = plan_with_policy(bundle, cl, model, training, seed=3)
+    assert res.estimate.feasible and math.isfinite(res.value)
+    assert res.samples == SAMPLES and res.objective == "mean" and res.seed == 3
+    assert res.steps >= 4 and res.inference_s > 0 and 0 < res.forward_s <= res.inference_s
+    # The same states as solve(..., samples=K, seed=3) use.
+    cm = CostModel(cl, model, training, samples=SAMPLES, seed=3)
+    assert cm.evaluate(res.plan).value("mean") == pytest.approx(res.value, rel=1e-12)
+    assert res.plan.num_gpus <= cl.num_gpus
+    # Deterministic: the same plan again, and the objective can be overridden.
+    again = plan_with_policy(bundle, cl, model, training, seed=3, objective="p90")
+    assert again.plan.to_dict() == res.plan.to_dict()
+    assert again.objective == "p90"
+    assert cm.evaluate(again.plan).value("p90") == pytest.approx(again.value, rel=1e-12)
+
+
+def test_plan_cli_prints_plan_compares_and_writes_estimable_file(capsys, policy8, tmp_path):
+    out_file = tmp_path / "plan.json"
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "amp-het-16",
+                         "--model", "gpt2-medium", "--out", out_file, "--compare", "metis")
+    assert code == 0, err
+    for text in ("Plan", "Memory per GPU", "policy", "ms of inference",
+                 "gap T_policy / T_metis - 1", "plan written to"):
+        assert text in out, text
+    code, out, err = run(capsys, "estimate", "--cluster", "amp-het-16", "--model",
+                         "gpt2-medium", "--plan", out_file, "--samples", str(SAMPLES))
+    assert code == 0, err
+    assert "feasible" in out and "infeasible" not in out
+
+
+def test_plan_cli_json_gap_is_consistent(capsys, policy8):
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--compare", "megatron", "--json",
+                         "--objective", "cvar0.9")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["objective"] == "cvar0.9" and doc["samples"] == SAMPLES
+    cmp_ = doc["compare"]
+    assert cmp_["method"] == "megatron"
+    assert cmp_["gap"] == pytest.approx(doc["value_s"] / cmp_["value_s"] - 1)
+    assert doc["inference_s"] > 0 and doc["plan"]["stages"]
+
+
+def test_plan_cluster_larger_than_max_hosts_is_one_line(capsys, policy2):
+    code, _, err = run(capsys, "plan", "--policy", policy2, "--cluster", "cloud-mixed",
+                       "--model", "gpt2-medium")
+    assert_one_line_error(code, err, str(policy2), "8 hosts", "max_hosts=2")
+
+
+@pytest.mark.parametrize("kind", ["missing", "corrupt", "not-a-policy"])
+def test_plan_bad_policy_file_is_one_line(capsys, tmp_path, kind):
+    path = tmp_path / "policy.zip"
+    if kind == "corrupt":
+        path.write_bytes(b"PK\x03\x04 this is not a zip archive")
+    elif kind == "not-a-policy":
+        import zipfile
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("data", "{}")
+    code, _, err = run(capsys, "plan", "--policy", path, "--cluster", "amp-het-16",
+                       "--model", "gpt2-medium")
+    assert_one_line_error(code, err, str(path))
+
+
+def test_evaluate_api_refuses_bad_methods(tiny_instances):
+    suite = load_suite("tiny")
+    with pytest.raises(ConfigError, match="unknown method"):
+        evaluate(suite, 1, ["policy", "magic"])
+    with pytest.raises(ConfigError, match="needs a policy"):
+        evaluate(suite, 1, ["policy", "metis"])
+
+
+def test_evaluate_cli_bad_input_is_one_line(capsys, policy8, tmp_path):
+    code, _, err = run(capsys, "evaluate", "--policy", policy8, "--suite", "tiny", "--n", "1",
+                       "--methods", "policy,magic", "--out", tmp_path / "ev")
+    assert_one_line_error(code, err, "magic")
+    code, _, err = run(capsys, "evaluate", "--policy", tmp_path / "none.zip", "--suite",
+                       "tiny", "--n", "1", "--out", tmp_path / "ev")
+    assert_one_line_error(code, err, "none.zip")
+
+
+def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tmp_path,
+                                                               tiny_instances):
+    inst_file = save_instances(tmp_path / "tiny2.yaml", tiny_instances, suite="tiny",
+                               max_hosts=4)
+    out_dir = tmp_path / "ev"
+    code, out, err = run(capsys, "evaluate", "--policy", policy8, "--suite", inst_file,
+                         "--n", "2", "--time-limit", "30", "--out", out_dir)
+    assert code == 0, err
+    assert "median gap" in out
+
+    with (out_dir / "results.csv").open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
+        rows = list(reader)
+    methods = ("policy", "exact", "metis", "megatron", "random")
+    assert len(rows) == 2 * len(methods)
+    assert {r["method"] for r in rows} == set(methods)
+    for index in ("0", "1"):
+        mine = {r["method"]: r for r in rows if r["index"] == index}
+        exact = mine["exact"]
+        assert exact["optimal"] == "true", exact
+        t_exact = float(exact["value_s"])
+        for m, r in mine.items():
+            value, gap = float(r["value_s"]), float(r["gap"])
+            assert r["reference"] == "exact (optimal)"
+            assert r["error"] == ""
+            assert gap == pytest.approx(value / t_exact - 1, abs=1e-5)
+            assert value >= t_exact * (1 - 1e-9), f"{m} beats a proven optimum"
+            assert gap >= 0
+            assert r["optimal"] == ("true" if m == "exact" else "false")
+            assert int(r["gpus"]) >= 1 and int(r["hosts"]) >= 1 and r["model"]
+        assert float(exact["gap"]) == 0.0
+        assert float(mine["policy"]["inference_s"]) > 0
+
+    summary = (out_dir / "summary.md").read_text()
+    for text in ("| method |", "median gap", "p90 gap", "worst gap", "wins vs metis",
+                 "wins vs megatron", "median latency", "exact proved the optimum on 2 of 2"):
+        assert text in summary, text
+    exact_line = next(line for line in summary.splitlines() if line.startswith("| exact |"))
+    assert "| 0.0% | 0.0% | 0.0% |" in exact_line
+    png = (out_dir / "gap_vs_size.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000

@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=("all", "clusters", "models", "training", "gpus"))
     lst.set_defaults(func=_cmd_list)
     _add_suite_parser(sub)
+    _add_plan_parsers(sub)
     _add_train_parser(sub)
     return parser
 
@@ -416,6 +417,189 @@ def _cmd_suite_list(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[bold]{name}[/]: {hosts}, max_hosts {suite.max_hosts}"
                       + (f", {suite.size} instances" if suite.size else "") + f". {first}",
                       highlight=False, soft_wrap=True)
+    return 0
+
+
+# ---- hetpar plan / evaluate: plans from a trained policy (hetpar/agents/) --------------------
+
+def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
+    pl = sub.add_parser(
+        "plan", help="plan with a trained policy in milliseconds (one masked rollout)",
+        description="Build a plan with a trained policy: one deterministic masked rollout of "
+                    "the plan-building environment. Without --policy it uses the default "
+                    "policy shipped with hetpar. The plan is scored over --samples bandwidth "
+                    "states drawn with --seed, as 'hetpar solve' scores its plans.")
+    pl.add_argument("--policy", metavar="FILE",
+                    help="policy file from 'hetpar train' (default: the shipped policy)")
+    _add_instance_args(pl)
+    pl.add_argument("--objective", default=None, metavar="OBJ",
+                    help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default: the "
+                         "policy's training objective")
+    pl.add_argument("--samples", type=int, default=None, metavar="K",
+                    help="bandwidth states the objective is computed over (default: the "
+                         "policy's)")
+    pl.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
+    pl.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    pl.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
+    pl.add_argument("--compare", choices=("exact", "metis", "megatron", "random"),
+                    help="also run this method and print the gap T_policy / T_method - 1")
+    pl.add_argument("--time-limit", type=float, default=None, metavar="S",
+                    help="time limit of the exact search for --compare exact")
+    pl.set_defaults(func=_cmd_plan)
+
+    ev = sub.add_parser(
+        "evaluate", help="compare a policy with exact search and the baselines on a suite",
+        description="Run every method on the first N instances of a topology suite and write "
+                    "results.csv (per instance and method), summary.md (gap statistics, win "
+                    "rates, latency) and gap_vs_size.png to --out. Gaps are T / T_exact - 1 "
+                    "where exact proves the optimum, else T / T_best - 1 against the best plan "
+                    "any method found.")
+    ev.add_argument("--policy", metavar="FILE",
+                    help="policy file from 'hetpar train' (default: the shipped policy)")
+    ev.add_argument("--suite", required=True, metavar="SUITE",
+                    help="bundled suite name, suite file or instance file (hetpar suite list)")
+    ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
+    ev.add_argument("--methods", default="policy,exact,metis,megatron,random",
+                    help="comma-separated methods (default policy,exact,metis,megatron,random)")
+    ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                    help="time limit of the exact search per instance (default 60)")
+    ev.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="worker processes of the exact search (default 1)")
+    ev.add_argument("--objective", default=None, metavar="OBJ",
+                    help="objective of every method (default: the policy's training objective)")
+    ev.add_argument("--samples", type=int, default=None, metavar="K",
+                    help="bandwidth states per instance (default: the policy's)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
+    ev.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
+    ev.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.costmodel.objective import Objective
+
+    if args.objective is not None:
+        Objective.parse(args.objective)
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
+    out = Path(args.out) if args.out else None
+    if out is not None and not out.parent.exists():
+        raise ConfigError(str(out), "", "its folder does not exist")
+    cluster, model, training, constants = _load_instance(args)
+
+    from hetpar.agents.io import load_policy
+    from hetpar.agents.planner import plan_with_policy
+
+    bundle = load_policy(args.policy)
+    result = plan_with_policy(bundle, cluster, model, training, objective=args.objective,
+                              seed=args.seed, samples=args.samples, constants=constants,
+                              source=args.cluster)
+    other = None
+    if args.compare:
+        from hetpar.solvers.api import solve
+
+        with console.status(f"running {args.compare} for comparison", spinner="dots"):
+            other = solve(cluster, model, training, method=args.compare,
+                          objective=result.objective, samples=result.samples, seed=args.seed,
+                          time_limit=args.time_limit, constants=constants)
+    if out is not None:
+        try:
+            result.plan.save(out)
+        except OSError as exc:
+            raise ConfigError(str(out), "", f"cannot write: {exc.strerror}") from None
+    gap = (result.value / other.value - 1.0) if other is not None and other.found else None
+    if args.json:
+        doc = result.to_dict()
+        doc["instance"] = {"cluster": cluster.name, "model": model.name,
+                           "training": training.name}
+        if other is not None:
+            doc["compare"] = {"method": other.method, "value_s": other.value,
+                              "wall_s": other.wall_s, "gap": gap,
+                              "optimal": bool(other.certificate and other.certificate.optimal),
+                              "plan": other.plan.to_dict() if other.plan else None}
+        print(json.dumps(doc, allow_nan=True))
+        return 0
+    from hetpar.cli.render import render_estimate
+    render_estimate(console, result.estimate, cluster, model.with_seq_len(training.seq_len),
+                    result.objective, result.value)
+    console.print(f"[bold]policy[/]: objective {result.objective} = {result.value:.4f} s over "
+                  f"{result.samples} bandwidth samples (seed {result.seed}); {result.steps} "
+                  f"steps in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
+                  f"({result.forward_s * 1e3:.1f} ms forward passes), "
+                  f"{result.setup_s * 1e3:.1f} ms setup; {result.policy}", highlight=False)
+    if other is not None:
+        if not other.found:
+            console.print(f"[bold]{other.method}[/]: no plan found in {other.wall_s:.2f} s")
+        else:
+            cert = other.certificate
+            how = ("" if cert is None else ", proven optimal" if cert.optimal else
+                   f", not proven optimal ({cert.stopped}, bound gap {other.gap:.1%})")
+            speed = other.wall_s / max(result.inference_s, 1e-9)
+            console.print(f"[bold]{other.method}[/]: objective {other.objective} = "
+                          f"{other.value:.4f} s in {other.wall_s:.2f} s{how}", highlight=False)
+            console.print(f"gap T_policy / T_{other.method} - 1 = [bold]{gap:+.2%}[/]; the "
+                          f"policy's inference was {speed:,.0f}x faster", highlight=False)
+    if out is not None:
+        console.print(f"plan written to {out} (check it with: hetpar estimate --plan {out} ...)")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.agents.evaluate import METHODS, evaluate, write_outputs
+    from hetpar.costmodel.objective import Objective
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ConfigError("--methods", "", f"unknown method(s) {', '.join(bad) or '(none)'} "
+                                           f"(known: {', '.join(METHODS)})")
+    if len(set(methods)) != len(methods):
+        raise ConfigError("--methods", "", "lists a method twice")
+    if args.n < 1:
+        raise ConfigError("--n", "", f"must be at least 1, got {args.n}")
+    if args.time_limit <= 0:
+        raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
+    if args.workers < 1:
+        raise ConfigError("--workers", "", f"must be at least 1, got {args.workers}")
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
+    if args.objective is not None:
+        Objective.parse(args.objective)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(str(out), "", "exists and is not a folder")
+    if not out.parent.exists():
+        raise ConfigError(str(out), "", "its parent folder does not exist")
+
+    from hetpar.envs.generator import load_suite
+
+    suite = load_suite(args.suite)
+    if suite.size is not None and args.n > suite.size:
+        raise ConfigError("--n", "", f"the suite {suite.name} has {suite.size} instances, "
+                                     f"asked for {args.n}")
+    bundle = None
+    if "policy" in methods:
+        from hetpar.agents.io import load_policy
+        bundle = load_policy(args.policy)
+
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    total = args.n * len(methods)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as bar:
+        task = bar.add_task(f"evaluating on {suite.name}", total=total)
+        result = evaluate(
+            suite, args.n, methods, bundle=bundle, objective=args.objective,
+            samples=args.samples, seed=args.seed, time_limit=args.time_limit,
+            workers=args.workers,
+            progress=lambda i, m: bar.update(task, advance=1),
+            on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
+    paths = write_outputs(result, out)
+    console.print(result.summary_markdown(), highlight=False, markup=False)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
     return 0
 
 

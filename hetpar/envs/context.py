@@ -38,6 +38,7 @@ class InstanceContext:
     class_of_host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     masks: dict[tuple, np.ndarray] = field(default_factory=dict)
     _oracles: dict[tuple[str, int, int], Completions] = field(default_factory=dict)
+    _caps: dict[tuple, int] = field(default_factory=dict)
     _feasible_m: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
     _any_m: dict[tuple[str, int], bool] = field(default_factory=dict)
 
@@ -76,7 +77,8 @@ class InstanceContext:
         hit = self._oracles.get(key)
         if hit is None:
             hit = self._oracles[key] = Completions(self.cm, self.space, self.classes,
-                                                   recompute, zero, m)
+                                                   recompute, zero, m,
+                                                   shared_caps=self._caps)
         return hit
 
     def allowed_memory_option(self, recompute: str, zero: int) -> bool:

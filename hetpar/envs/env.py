@@ -318,7 +318,7 @@ class PlanBuilderEnv(gym.Env):
                 mask[lay.micro(i)] = m in ok
         elif ep.phase == _TP:
             for tp in range(lay.max_tp_log2 + 1):
-                mask[lay.tp(1 << tp)] = bool(self._host_options(1 << tp).any())
+                mask[lay.tp(1 << tp)] = bool(self._host_options(1 << tp, first_only=True).any())
         elif ep.phase == _BLOCKS:
             mask[lay.start("host"):lay.start("host") + len(ctx.cluster.hosts)] = \
                 self._host_options(ep.open_tp)
@@ -337,8 +337,9 @@ class PlanBuilderEnv(gym.Env):
         assert ep is not None
         return ep.ctx.oracle(ep.recompute, ep.zero, ep.micro_batches)
 
-    def _host_options(self, tp: int) -> np.ndarray:
-        """Hosts from which a block of ``tp`` GPUs keeps the plan completable."""
+    def _host_options(self, tp: int, first_only: bool = False) -> np.ndarray:
+        """Hosts from which a block of ``tp`` GPUs keeps the plan completable (with
+        ``first_only``, stop at the first such host)."""
         ep = self._ep
         assert ep is not None
         ctx, oracle = ep.ctx, self._oracle()
@@ -366,6 +367,8 @@ class PlanBuilderEnv(gym.Env):
                 seen[key] = oracle.open(ep.free, j, cls, tp, dp + 1, 1 << want)
                 ep.free[h] += tp
             out[h] = seen[key]
+            if first_only and out[h]:
+                break
         return out
 
     def _layer_options(self) -> np.ndarray:

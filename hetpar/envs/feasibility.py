@@ -21,6 +21,8 @@ memoised.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,7 +78,8 @@ class Completions:
     """
 
     def __init__(self, cm: CostModel, space: PlanSpace, classes: HostClasses, recompute: str,
-                 zero: int, micro_batches: int, budget: int = 4000) -> None:
+                 zero: int, micro_batches: int, budget: int = 4000,
+                 shared_caps: dict | None = None) -> None:
         self.cm = cm
         self.space = space
         self.classes = classes
@@ -91,9 +94,11 @@ class Completions:
         self._singletons = all(len(g) == 1 for g in classes.groups)
         self._caps: dict[tuple, int] = {}
         self._density: dict[tuple, float] = {}
+        self.shared_caps: dict[tuple, int] = {} if shared_caps is None else shared_caps
         self.budget = budget
         self._left = budget
         self.truncated = 0  # memo entries cut short by the budget
+        self._dps = tuple(d for d in range(1, self.mb + 1) if self.mb % d == 0)
         counts = [h.num_gpus for h in cm.cluster.hosts]
         self._counts = counts
         # tp options per type, and the hosts whose GPU count each tp divides.
@@ -112,10 +117,26 @@ class Completions:
         if self.mb % dp:
             cap = 0
         else:
-            cap = self._capacity(self.classes.usable_bytes[cls], tp, dp, min(self.m, j + 1),
-                                 first, j == 0)
+            # Shared by the oracles of every micro-batch count with the same micro-batch
+            # size and activations in flight.
+            inflight = min(self.m, j + 1)
+            shared = (cls, tp, dp, self.mb, inflight, first, j == 0, self.recompute, self.zero)
+            cap = self.shared_caps.get(shared, -1)
+            if cap < 0:
+                cap = self.shared_caps[shared] = self._capacity(
+                    self.classes.usable_bytes[cls], tp, dp, inflight, first, j == 0)
         self._caps[key] = cap
         return cap
+
+    def _affine(self, tp: int, dp: int, inflight: int, first: bool, last: bool,
+                ) -> tuple[float, float]:
+        """(bytes with one layer, bytes per further layer): memory is affine in layers."""
+        seqs = self.mb / dp
+        one = self.cm.stage_memory(1, tp, dp, seqs, inflight, first, last, self.recompute,
+                                   self.zero)[1]
+        two = self.cm.stage_memory(2, tp, dp, seqs, inflight, first, last, self.recompute,
+                                   self.zero)[1]
+        return one, two - one
 
     def _capacity(self, usable: float, tp: int, dp: int, inflight: int, first: bool,
                   last: bool) -> int:
@@ -125,10 +146,9 @@ class Completions:
             return self.cm.stage_memory(k, tp, dp, seqs, inflight, first, last,
                                         self.recompute, self.zero)[1]
 
-        one = mem(1)
+        one, per = self._affine(tp, dp, inflight, first, last)
         if one > usable:
             return 0
-        per = mem(2) - one
         cap = self.layers if per <= 0 else min(self.layers, 1 + int((usable - one) // per))
         # Guard the closed form against rounding at the boundary.
         while cap > 1 and mem(cap) > usable:
@@ -146,20 +166,25 @@ class Completions:
                       for g in self.classes.groups])
 
     def density(self, cls: int, j: int) -> float:
-        """Most layers per GPU that any stage of class ``cls`` built at index ``j`` or
-        later can hold: activations held only grow with ``j`` (beyond the head-carrying
-        last stage), so the best of indices ``j`` and ``max(j, 1)`` bounds them all."""
+        """An upper bound on the layers per GPU that any stage of type ``cls`` built at
+        index ``j`` or later holds: activations held only grow with ``j`` (beyond the
+        head-carrying last stage), so indices ``j`` and ``max(j, 1)`` bound them all; the
+        closed form is used without the boundary checks of ``capacity`` (cheap)."""
         key = (cls, min(j, self.m))
         hit = self._density.get(key)
         if hit is None:
             best = 0.0
+            usable = self.classes.usable_bytes[cls]
             for tp in self._tps[cls]:
-                for dp in range(1, self.mb + 1):
-                    if self.mb % dp:
-                        continue
+                for dp in self._dps:
                     for jj in {j, max(j, 1)}:
                         for first in (False, True):
-                            best = max(best, self.capacity(cls, tp, dp, jj, first) / (tp * dp))
+                            one, per = self._affine(tp, dp, min(self.m, jj + 1), first, jj == 0)
+                            if one <= usable:
+                                # Rounded down, with slack for rounding: still a bound.
+                                n = self.layers if per <= 0 else \
+                                    1 + math.floor((usable - one) / per + 1e-9)
+                                best = max(best, min(n, self.layers) / (tp * dp))
             hit = self._density[key] = best
         return hit
 
@@ -208,14 +233,17 @@ class Completions:
         return bool(self._open_rec(list(free), j, cls, tp, dp, want) & want)
 
     def _closed_rec(self, free: list[int], j: int, want: int) -> int:
+        # Fast path, no memo: a simple completion (one stage per host) places a wanted count.
         # Fast path, no memo: one block alone, as the first stage, holds a wanted count.
         low = want & -want  # the smallest wanted count, as a bit
         for c in range(len(self.classes.members)):
             for tp in self._tps[c]:
-                if any(free[h] >= tp for h in self._eligible[c, tp]):
-                    first = bits_upto(self.capacity(c, tp, 1, j, True))
-                    if first & low:
-                        return first
+                for h in self._eligible[c, tp]:
+                    if free[h] >= tp:
+                        first = bits_upto(self.capacity(c, tp, 1, j, True))
+                        if first & low:
+                            return first
+                        break
         key = (self.key(free), min(j, self.m))
         entry = self._closed.get(key)
         if entry is None:
@@ -244,9 +272,9 @@ class Completions:
     def _open_rec(self, free: list[int], j: int, cls: int, tp: int, dp: int, want: int) -> int:
         if not self.mb % dp:
             # Fast path, no memo: closing now as the first stage holds a wanted count.
-            first = bits_upto(self.capacity(cls, tp, dp, j, True))
-            if first & want:
-                return first
+            quick = bits_upto(self.capacity(cls, tp, dp, j, True))
+            if quick & want:
+                return quick
         key = (self.key(free), min(j, self.m), cls, tp, dp)
         entry = self._open.get(key)
         if entry is None:

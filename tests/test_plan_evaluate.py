@@ -16,16 +16,16 @@ import pytest
 pytest.importorskip("sb3_contrib")
 pytest.importorskip("matplotlib")
 
-from hetpar.agents.evaluate import CSV_COLUMNS, evaluate  # noqa: E402
-from hetpar.agents.io import load_policy, save_policy  # noqa: E402
-from hetpar.agents.planner import plan_with_policy  # noqa: E402
-from hetpar.cli.main import main  # noqa: E402
-from hetpar.cluster.topology import load_cluster  # noqa: E402
-from hetpar.costmodel.estimate import CostModel  # noqa: E402
-from hetpar.envs.generator import load_suite, save_instances  # noqa: E402
-from hetpar.errors import ConfigError  # noqa: E402
-from hetpar.workload.model import load_model  # noqa: E402
-from hetpar.workload.training import load_training  # noqa: E402
+from hetpar.agents.evaluate import CSV_COLUMNS, evaluate
+from hetpar.agents.io import load_policy, save_policy
+from hetpar.agents.planner import plan_with_policy
+from hetpar.cli.main import main
+from hetpar.cluster.topology import load_cluster
+from hetpar.costmodel.estimate import CostModel
+from hetpar.envs.generator import load_suite, save_instances
+from hetpar.errors import ConfigError
+from hetpar.workload.model import load_model
+from hetpar.workload.training import load_training
 
 SAMPLES = 4
 

@@ -29,8 +29,15 @@ import numpy as np
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError
 
-__all__ = ["METHODS", "Row", "Evaluation", "evaluate", "write_outputs", "plot_gaps",
-           "CSV_COLUMNS"]
+__all__ = [
+    "CSV_COLUMNS",
+    "METHODS",
+    "Evaluation",
+    "Row",
+    "evaluate",
+    "plot_gaps",
+    "write_outputs",
+]
 
 METHODS = ("policy", "exact", "metis", "megatron", "random")
 CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
@@ -129,7 +136,7 @@ class Evaluation:
                 "median_inference_s": _quantile(infer, 0.5)}
 
     def summary_markdown(self) -> str:
-        others = [m for m in self.methods]
+        others = list(self.methods)
         head = ["method", "plans", "median gap", "p90 gap", "worst gap"]
         head += [f"wins vs {m}" for m in others]
         head += ["median latency"]
@@ -161,11 +168,12 @@ class Evaluation:
                 lat += f" (inference {_dur(st['median_inference_s'])})"
             cells.append(lat)
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "Gap: T / T_ref - 1 of the objective. Wins: share of instances where the "
-                      "row's method is at least as good as the column's (ties count); in "
-                      "brackets strictly better. Latency: wall time to produce the plan (the "
-                      "policy's includes building the environment and scoring the plan; its "
-                      "inference is the masked rollout alone)."]
+        note = ("Gap: T / T_ref - 1 of the objective. Wins: share of instances where the row's "
+                "method is at least as good as the column's (ties count); in brackets strictly "
+                "better. Latency: wall time to produce the plan (the policy's includes building "
+                "the environment and scoring the plan; its inference is the masked rollout "
+                "alone).")
+        lines += ["", note]
         return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,7 @@ from hetpar.plan import Plan
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["PolicyPlan", "plan_with_policy", "instance_of", "check_hosts", "DEFAULT_SAMPLES"]
+__all__ = ["DEFAULT_SAMPLES", "PolicyPlan", "check_hosts", "instance_of", "plan_with_policy"]
 
 DEFAULT_SAMPLES = 16  # bandwidth states when the policy's metadata does not say
 _MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environment pair
@@ -65,6 +65,7 @@ class PolicyPlan:
     samples: int
     seed: int
     steps: int  # environment steps of the rollout
+    forced: int  # steps with a single allowed action (no forward pass)
     setup_s: float  # environment construction for this instance
     inference_s: float  # the rollout: forward passes and masks
     forward_s: float  # the policy's forward passes alone
@@ -79,7 +80,8 @@ class PolicyPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"method": "policy", "policy": self.policy, "objective": self.objective,
                 "value_s": self.value, "samples": self.samples, "seed": self.seed,
-                "steps": self.steps, "setup_s": self.setup_s, "inference_s": self.inference_s,
+                "steps": self.steps, "forced_steps": self.forced, "setup_s": self.setup_s,
+                "inference_s": self.inference_s,
                 "forward_s": self.forward_s, "wall_s": self.wall_s,
                 "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
 
@@ -154,22 +156,28 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    steps, forward_s = 0, 0.0
+    steps, forced, forward_s = 0, 0, 0.0
     info: dict[str, Any] = {}
     try:
         policy.set_training_mode(False)
-        with torch.no_grad():
+        with torch.inference_mode():
             # torch initialises its kernels on the first forward pass of a process: a
             # one-time cost like Python's start-up, counted in setup_s, not inference_s.
             _act(policy, obs, np.ones(env.action_space.n, dtype=bool))
         setup_s = time.perf_counter() - start
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.inference_mode():
             while True:
                 masks = env.action_masks()
-                t0 = time.perf_counter()
-                action = _act(policy, obs, masks)
-                forward_s += time.perf_counter() - t0
+                allowed = np.flatnonzero(masks)
+                if len(allowed) == 1:
+                    # The masked argmax of any logits: no forward pass needed.
+                    action = int(allowed[0])
+                    forced += 1
+                else:
+                    t0 = time.perf_counter()
+                    action = _act(policy, obs, masks)
+                    forward_s += time.perf_counter() - t0
                 obs, _, terminated, truncated, info = env.step(action)
                 steps += 1
                 if terminated:
@@ -192,7 +200,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
         raise InfeasibleError(f"the policy's plan does not fit in memory: "
                               f"{'; '.join(est.overflow)}")
     return PolicyPlan(plan=plan, estimate=est, value=value, objective=obj.name, samples=k,
-                      seed=seed, steps=steps, setup_s=setup_s, inference_s=inference_s,
+                      seed=seed, steps=steps, forced=forced, setup_s=setup_s,
+                      inference_s=inference_s,
                       forward_s=forward_s, policy=_policy_name(bundle),
                       env_value=float(info.get("objective_s", math.nan)))
 

@@ -525,7 +525,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                     result.objective, result.value)
     console.print(f"[bold]policy[/]: objective {result.objective} = {result.value:.4f} s over "
                   f"{result.samples} bandwidth samples (seed {result.seed}); {result.steps} "
-                  f"steps in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
+                  f"steps ({result.forced} forced) in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
                   f"({result.forward_s * 1e3:.1f} ms forward passes), "
                   f"{result.setup_s * 1e3:.1f} ms setup; {result.policy}", highlight=False)
     if other is not None:
@@ -583,13 +583,12 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         from hetpar.agents.io import load_policy
         bundle = load_policy(args.policy)
 
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
+    from rich import progress as rp
 
     total = args.n * len(methods)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True,
-                  disable=not console.is_terminal) as bar:
+    with rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(),
+                     rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), console=console,
+                     transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"evaluating on {suite.name}", total=total)
         result = evaluate(
             suite, args.n, methods, bundle=bundle, objective=args.objective,

@@ -216,7 +216,8 @@ class EvalGapCallback(BaseCallback):
     def _on_training_end(self) -> None:
         if self.last_eval != self.num_timesteps:
             self.evaluate()
-            self.logger.dump(self.num_timesteps)
+        # The last update's losses would otherwise never reach TensorBoard.
+        self.logger.dump(self.num_timesteps)
 
     def evaluate(self) -> dict[str, Any]:
         t0 = time.perf_counter()

@@ -116,7 +116,7 @@ class PolicyBundle:
     def act(self, obs: Mapping[str, np.ndarray], mask: np.ndarray,
             deterministic: bool = True) -> int:
         """One action of the policy for one (unbatched) observation and its action mask."""
-        action, _ = self.model.predict(dict(obs), action_masks=np.asarray(mask, dtype=bool),
+        action, _ = self.model.predict(dict(obs), action_masks=np.array(mask, dtype=bool),
                                        deterministic=deterministic)
         return int(np.asarray(action).reshape(-1)[0])
 

@@ -116,7 +116,10 @@ def _lr(value: Any, r: Reader, key: str) -> float | str:
         except ValueError:
             pass
         raise r.error(key, f"expected a positive number or 'lin_<number>', got {value!r}")
-    return r.number(key, positive=True)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or not math.isfinite(value):
+        raise r.error(key, f"expected a positive number or 'lin_<number>', got {value!r}")
+    return float(value)
 
 
 def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train") -> TrainConfig:
@@ -276,7 +279,6 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
 
     A ``KeyboardInterrupt`` during training saves ``interrupted_policy.zip`` in the run
     folder and returns with ``interrupted=True``."""
-    import numpy as np
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import CallbackList
@@ -384,7 +386,6 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     final: Path | None = None
     try:
         if remaining > 0:
-            np.random.seed(cfg.seed)  # noqa: NPY002 - SB3 seeds numpy globally too
             model.learn(remaining, callback=CallbackList(callbacks), tb_log_name="ppo",
                         reset_num_timesteps=not resume, progress_bar=False)
         final = save(model, run_dir / "final_policy.zip",
@@ -393,6 +394,10 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     except KeyboardInterrupt:
         interrupted = True
         bar.stop()
+        try:
+            model.logger.dump(model.num_timesteps)
+        except Exception:  # noqa: BLE001 - never lose the checkpoint over a log line
+            pass
         path = save(model, run_dir / RESUME_FILE)
         say(f"interrupted at {model.num_timesteps} timesteps; saved {path}; continue with "
             f"'hetpar train --config {cfg.source} --resume {name}'")

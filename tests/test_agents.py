@@ -1,0 +1,238 @@
+"""The policy network, policy files (hetpar.agents.io) and the shipped default policy."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sb3_contrib")
+torch = pytest.importorskip("torch")
+
+from sb3_contrib import MaskablePPO  # noqa: E402
+
+from hetpar.agents.io import (META_MEMBER, check_compatible, default_policy_path, load_policy,  # noqa: E402
+                              observation_signature, save_policy)
+from hetpar.agents.policy import HostAttentionPolicy, count_parameters  # noqa: E402
+from hetpar.configio import bundled_dir  # noqa: E402
+from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
+from hetpar.envs.types import Instance  # noqa: E402
+from hetpar.errors import ConfigError  # noqa: E402
+
+SMALL = {"dim": 32, "heads": 4, "rounds": 2, "edge_dim": 16, "value_dim": 32}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def env() -> PlanBuilderEnv:
+    return PlanBuilderEnv("tiny", max_hosts=6, instances=8, bandwidth="robust", samples=4)
+
+
+@pytest.fixture(scope="module")
+def model(env: PlanBuilderEnv) -> MaskablePPO:
+    return MaskablePPO(HostAttentionPolicy, env, policy_kwargs=SMALL, n_steps=64, batch_size=32,
+                       seed=0, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def saved(model: MaskablePPO, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("policy") / "p.zip"
+    return save_policy(model, path, {"max_hosts": 6, "env_kwargs": {"bandwidth": "robust",
+                                                                    "samples": 4}})
+
+
+def _obs_in_blocks_phase(env: PlanBuilderEnv, index: int) -> dict[str, np.ndarray]:
+    """An observation where the host slots are allowed (a stage is open)."""
+    obs, _ = env.reset(seed=0, options={"instance": index})
+    lay = env.layout
+    for _ in range(3):
+        mask = env.action_masks()
+        if mask[lay.start("host"):lay.start("host") + lay.max_hosts].any():
+            break
+        obs, *_ = env.step(int(np.flatnonzero(mask)[0]))
+    return obs
+
+
+def _batch(obs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(v)[None] for k, v in obs.items()}
+
+
+def test_policy_shapes_and_size(env: PlanBuilderEnv, model: MaskablePPO) -> None:
+    obs = _obs_in_blocks_phase(env, 0)
+    policy = model.policy
+    logits = policy.logits(obs)
+    assert logits.shape == (1, env.layout.n)
+    values = policy.predict_values(_batch(obs))
+    assert values.shape == (1, 1)
+    # Parameters do not depend on max_hosts: the same network for 6 and 32 hosts.
+    big = PlanBuilderEnv("tiny", max_hosts=32, instances=2)
+    other = MaskablePPO(HostAttentionPolicy, big, policy_kwargs=SMALL, n_steps=64, device="cpu")
+    assert count_parameters(other.policy) == count_parameters(policy)
+    assert count_parameters(policy) < 300_000
+
+
+def test_host_logits_permutation_equivariant(env: PlanBuilderEnv, model: MaskablePPO) -> None:
+    index = next(i for i in range(8) if env.source.get(i).num_hosts == 3)
+    obs = _obs_in_blocks_phase(env, index)
+    n = int(obs["host_mask"].sum())
+    assert n == 3
+    perm = np.array([2, 0, 1] + list(range(3, env.max_hosts)))
+    permuted = dict(obs)
+    permuted["hosts"] = obs["hosts"][perm]
+    permuted["host_mask"] = obs["host_mask"][perm]
+    permuted["pairs"] = obs["pairs"][perm][:, perm]
+    lay = env.layout
+    s, e = lay.start("host"), lay.start("host") + lay.max_hosts
+    a = model.policy.logits(obs)[0]
+    b = model.policy.logits(permuted)[0]
+    assert torch.allclose(b[s:e], a[s:e][perm], atol=1e-5)
+    assert torch.allclose(torch.cat([b[:s], b[e:]]), torch.cat([a[:s], a[e:]]), atol=1e-5)
+    # Padded hosts contribute nothing: zero logits.
+    assert torch.all(a[s + n:e] == 0)
+
+
+def test_masking_respected(env: PlanBuilderEnv, model: MaskablePPO) -> None:
+    for index in range(4):
+        obs, _ = env.reset(seed=index, options={"instance": index})
+        done = False
+        while not done:
+            mask = np.array(env.action_masks())
+            action, _ = model.predict(obs, action_masks=mask, deterministic=index % 2 == 0)
+            assert mask[int(action)]
+            obs, _, done, trunc, info = env.step(int(action))
+            assert not trunc
+        assert info["feasible"]
+
+
+def test_save_load_roundtrip(env: PlanBuilderEnv, model: MaskablePPO, saved: Path) -> None:
+    bundle = load_policy(saved)
+    assert bundle.path == saved and bundle.max_hosts == 6
+    assert bundle.meta["format_version"] == 1
+    assert bundle.meta["observation_signature"] == observation_signature(6)
+    assert bundle.env_kwargs["bandwidth"] == "robust" and bundle.env_kwargs["samples"] == 4
+    obs = _obs_in_blocks_phase(env, 0)
+    assert torch.allclose(bundle.model.policy.logits(obs), model.policy.logits(obs))
+    e = bundle.make_env("tiny", instances=4)
+    obs, _ = e.reset(seed=0)
+    action = bundle.act(obs, e.action_masks())
+    assert e.action_masks()[action]
+
+
+def _one_line_error(path: Path | None, match: str) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        load_policy(path)
+    text = str(err.value)
+    assert "\n" not in text
+    if path is not None:
+        assert str(path) in text
+    assert match in text
+    return err.value
+
+
+def test_load_errors(saved: Path, tmp_path: Path) -> None:
+    _one_line_error(tmp_path / "missing.zip", "not found")
+    corrupt = tmp_path / "corrupt.zip"
+    corrupt.write_bytes(b"\x00garbage" * 100)
+    _one_line_error(corrupt, "corrupt")
+    truncated = tmp_path / "truncated.zip"
+    truncated.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    _one_line_error(truncated, "corrupt")
+    plain = tmp_path / "plain.zip"
+    with zipfile.ZipFile(plain, "w") as zf:
+        zf.writestr("data", "{}")
+    _one_line_error(plain, "not a hetpar policy")
+
+
+def _rewrite_meta(src: Path, dst: Path, change) -> None:  # noqa: ANN001
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename == META_MEMBER:
+                meta = json.loads(data)
+                change(meta)
+                data = json.dumps(meta).encode()
+            zout.writestr(item, data)
+
+
+def test_signature_and_format_mismatch(saved: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old_features.zip"
+    _rewrite_meta(saved, old, lambda m: m["observation_signature"]["host_features"].pop())
+    _one_line_error(old, "observation format mismatch")
+    fmt = tmp_path / "future.zip"
+    _rewrite_meta(saved, fmt, lambda m: m.update(format_version=99))
+    _one_line_error(fmt, "format 99")
+    shape = tmp_path / "shape.zip"
+    _rewrite_meta(saved, shape, lambda m: m.update(max_hosts=7))
+    _one_line_error(shape, "observation_signature")
+
+
+def test_check_compatible(saved: Path) -> None:
+    bundle = load_policy(saved)
+    check_compatible(bundle, 6)
+    with pytest.raises(ConfigError, match="7 hosts.*max_hosts=6") as err:
+        check_compatible(bundle, 7, source="big.yaml")
+    assert str(saved) in str(err.value) and "big.yaml" in str(err.value)
+    with pytest.raises(ConfigError, match="max_layers"):
+        check_compatible(bundle, 2, model_layers=1000)
+
+
+# ---- the shipped policy ------------------------------------------------------------------
+
+def _bundled_clusters() -> list[str]:
+    return sorted(p.stem for p in (bundled_dir() / "clusters").glob("*.yaml"))
+
+
+def _instance(cluster_name: str) -> Instance:
+    from hetpar.cluster.topology import load_cluster
+    from hetpar.workload.model import load_model
+    from hetpar.workload.training import load_training
+
+    inst = Instance(name=f"{cluster_name}/gpt3-350m", cluster_doc={}, model_doc={},
+                    training_doc={}, seed=0)
+    inst.__dict__.update(cluster=load_cluster(cluster_name), model=load_model("gpt3-350m"),
+                         training=load_training(None))
+    return inst
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    if not default_policy_path().is_file():
+        pytest.skip("no shipped policy in this checkout")
+    return load_policy(None)
+
+
+def test_shipped_policy_is_small(shipped) -> None:  # noqa: ANN001
+    assert default_policy_path().stat().st_size < 4 * 2**20
+    assert shipped.max_hosts >= 16
+    assert count_parameters(shipped.model.policy) < 500_000
+
+
+@pytest.mark.parametrize("cluster", _bundled_clusters())
+def test_shipped_policy_plans_bundled_clusters(shipped, cluster: str) -> None:  # noqa: ANN001
+    inst = _instance(cluster)
+    if inst.num_hosts > shipped.max_hosts:
+        with pytest.raises(ConfigError, match="max_hosts"):
+            check_compatible(shipped, inst.num_hosts, source=cluster)
+        return
+    check_compatible(shipped, inst.num_hosts, source=cluster, model_layers=inst.model.layers)
+    env = shipped.make_env([inst], samples=4)
+    obs, _ = env.reset(seed=0, options={"instance": 0})
+    info: dict = {}
+    for _ in range(1000):
+        obs, _, done, trunc, info = env.step(shipped.act(obs, env.action_masks()))
+        assert not trunc
+        if done:
+            break
+    assert info["feasible"], cluster
+    assert np.isfinite(info["objective_s"]) and info["objective_s"] > 0
+    info["plan"].validate(inst.cluster, inst.model) if hasattr(info["plan"], "validate") else None

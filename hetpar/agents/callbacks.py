@@ -101,15 +101,65 @@ class Reference:
         return min(self.exact, self.metis)
 
 
+def _reference_worker(inst_doc: dict[str, Any], objective: str, samples: int, seed: int,
+                      time_limit: float, conn: Any) -> None:
+    """Subprocess: metis then exact on one instance, each result sent as soon as known."""
+    from hetpar.errors import HetparError
+    from hetpar.solvers import solve
+
+    inst = Instance.from_dict(inst_doc)
+    for method in ("metis", "exact"):
+        try:
+            sol = solve(inst.cluster, inst.model, inst.training, method=method,
+                        objective=objective, samples=samples, seed=seed,
+                        time_limit=time_limit if method == "exact" else None)
+            conn.send((method, float(sol.value), sol.gap == 0.0, float(sol.wall_s)))
+        except HetparError:
+            conn.send((method, math.inf, False, 0.0))
+    conn.close()
+
+
+def _solve_references(inst: Instance, objective: str, samples: int, seed: int,
+                      time_limit: float, hard_limit: float) -> dict[str, tuple]:
+    """``metis`` and time-limited ``exact`` in a subprocess killed after ``hard_limit``
+    seconds (the solver's own time limit is soft); missing results are inf."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_reference_worker, daemon=True,
+                       args=(inst.to_dict(), objective, samples, seed, time_limit, child))
+    t0 = time.perf_counter()
+    proc.start()
+    child.close()
+    out: dict[str, tuple] = {}
+    try:
+        while len(out) < 2:
+            left = hard_limit - (time.perf_counter() - t0)
+            if left <= 0 or not parent.poll(left):
+                break
+            method, *rest = parent.recv()
+            out[method] = tuple(rest)
+    except (EOFError, OSError):
+        pass
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    for method in ("metis", "exact"):
+        out.setdefault(method, (math.inf, False, time.perf_counter() - t0))
+    return out
+
+
 def reference_values(instances: Sequence[Instance], *, objective: str, samples: int,
                      time_limit: float, cache: Path | None = None,
                      log: Callable[[str], None] | None = None) -> list[Reference]:
     """``exact`` (time-limited) and ``metis`` values of each instance under the robust
     objective over ``samples`` draws seeded like the env (``instance.seed``); cached in
-    ``cache`` (JSON) keyed by instance, objective, samples and time limit."""
-    from hetpar.errors import HetparError
-    from hetpar.solvers import solve
-
+    ``cache`` (JSON) keyed by instance, objective, samples and time limit. Each instance
+    is solved in a subprocess stopped after ``2 * time_limit + 10`` seconds; where exact
+    has no plan by then, the evaluation uses metis as the reference."""
     key = {"objective": objective, "samples": samples, "time_limit": time_limit}
     stored: dict[str, Any] = {}
     if cache is not None and cache.is_file():
@@ -123,27 +173,21 @@ def reference_values(instances: Sequence[Instance], *, objective: str, samples: 
     for i, inst in enumerate(instances):
         hit = stored.get(inst.name)
         if hit is not None:
-            out.append(Reference(**{k: float(v) if k not in ("name", "exact_optimal") else v
-                                    for k, v in hit.items()}))
+            out.append(Reference(hit["name"], float(hit["exact"]), bool(hit["exact_optimal"]),
+                                 float(hit["exact_wall_s"]), float(hit["metis"])))
             continue
         seed = inst.seed if inst.seed >= 0 else 0
-        values: dict[str, Any] = {}
-        for method in ("exact", "metis"):
-            try:
-                sol = solve(inst.cluster, inst.model, inst.training, method=method,
-                            objective=objective, samples=samples, seed=seed,
-                            time_limit=time_limit if method == "exact" else None)
-                values[method] = (float(sol.value), sol.gap == 0.0, float(sol.wall_s))
-            except HetparError:
-                values[method] = (math.inf, False, 0.0)
+        values = _solve_references(inst, objective, samples, seed, time_limit,
+                                   2 * time_limit + 10)
         ref = Reference(inst.name, values["exact"][0], bool(values["exact"][1]),
                         values["exact"][2], values["metis"][0])
         out.append(ref)
         stored[inst.name] = asdict(ref)
         if log:
+            status = ("optimal" if ref.exact_optimal else "time limit" if
+                      math.isfinite(ref.exact) else "no result")
             log(f"reference {i + 1}/{len(instances)} {inst.name}: exact {ref.exact:.4g}s "
-                f"({'optimal' if ref.exact_optimal else 'time limit'}, "
-                f"{ref.exact_wall_s:.1f}s), metis {ref.metis:.4g}s")
+                f"({status}, {ref.exact_wall_s:.1f}s), metis {ref.metis:.4g}s")
         if cache is not None:
             cache.write_text(json.dumps({"key": key, "instances": stored}, indent=1,
                                         default=_json_float))

@@ -156,8 +156,10 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         firsts = {task.prefix[:1] for i, task in enumerate(tasks)
                   if i not in results or not results[i].finished}
         for first in firsts:
+            # 10 halvings: within 0.1% of the incumbent, and the report stays prompt.
             lb = min(lb, prefix_lower_bound(bounds, probe.combos, first,
-                                            space.take(space.capacity, first[0]), value))
+                                            space.take(space.capacity, first[0]), value,
+                                            steps=10))
     else:
         lb = value
     size, exact_size = estimate_space_size(space, probes=64)

@@ -104,7 +104,7 @@ class TrainConfig:
             data["seed"] = seed
         if n_envs is not None:
             data["n_envs"] = n_envs
-        return parse_train_config(data, "--command-line", name=self.name)
+        return parse_train_config(data, self.source, name=self.name)
 
 
 def _lr(value: Any, r: Reader, key: str) -> float | str:
@@ -311,7 +311,7 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         resume_from = _latest_checkpoint(run_dir)
         if resume_from is None:
             raise ConfigError(str(run_dir), "", "no checkpoint to resume from")
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and ((run_dir / "tb").exists() or any(run_dir.rglob("*.zip"))):
         raise ConfigError(str(run_dir), "", "the run folder exists; pick another --run-name or "
                                             f"continue it with --resume {name}")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -399,8 +399,9 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         except Exception:  # noqa: BLE001 - never lose the checkpoint over a log line
             pass
         path = save(model, run_dir / RESUME_FILE)
+        where = "" if runs == Path("runs") else f" --runs-dir {runs}"
         say(f"interrupted at {model.num_timesteps} timesteps; saved {path}; continue with "
-            f"'hetpar train --config {cfg.source} --resume {name}'")
+            f"'hetpar train --resume {name}{where}'")
     finally:
         bar.stop()
         try:

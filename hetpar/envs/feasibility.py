@@ -78,7 +78,7 @@ class Completions:
     """
 
     def __init__(self, cm: CostModel, space: PlanSpace, classes: HostClasses, recompute: str,
-                 zero: int, micro_batches: int, budget: int = 4000,
+                 zero: int, micro_batches: int, budget: int = 400,
                  shared_caps: dict | None = None) -> None:
         self.cm = cm
         self.space = space
@@ -97,7 +97,9 @@ class Completions:
         self.shared_caps: dict[tuple, int] = {} if shared_caps is None else shared_caps
         self.budget = budget
         self._left = budget
-        self.truncated = 0  # memo entries cut short by the budget
+        self.truncated = 0  # searches cut short by the budget
+        self.queries = 0
+        self.cut_queries = 0  # queries whose answer may be a false "unreachable"
         self._dps = tuple(d for d in range(1, self.mb + 1) if self.mb % d == 0)
         counts = [h.num_gpus for h in cm.cluster.hosts]
         self._counts = counts
@@ -210,7 +212,9 @@ class Completions:
         """Whether some count ``r`` of remaining layers with bit ``r`` set in ``want`` can
         be placed from a state with no open stage."""
         self._left = self.budget
-        return bool(self._closed_rec(list(free), j, want) & want)
+        out = bool(self._closed_rec(list(free), j, want) & want)
+        self._count()
+        return out
 
     def closed_all(self, free: Sequence[int], j: int, want: int) -> int:
         """Exactly which counts in ``want`` can be placed from a state with no open stage
@@ -220,6 +224,7 @@ class Completions:
         while want:
             self._left = self.budget
             got = self._closed_rec(free, j, want) & want
+            self._count()
             if not got:
                 break
             found |= got
@@ -230,7 +235,14 @@ class Completions:
         """The same for an open stage of class ``cls`` with ``dp`` blocks already taken
         (``free`` is after taking them)."""
         self._left = self.budget
-        return bool(self._open_rec(list(free), j, cls, tp, dp, want) & want)
+        out = bool(self._open_rec(list(free), j, cls, tp, dp, want) & want)
+        self._count()
+        return out
+
+    def _count(self) -> None:
+        self.queries += 1
+        if self._left <= 0:
+            self.cut_queries += 1
 
     def _closed_rec(self, free: list[int], j: int, want: int) -> int:
         # Fast path, no memo: a simple completion (one stage per host) places a wanted count.
@@ -337,4 +349,4 @@ class Completions:
 
     def stats(self) -> dict[str, int]:
         return {"closed_states": len(self._closed), "open_states": len(self._open),
-                "truncated": self.truncated}
+                "queries": self.queries, "cut_queries": self.cut_queries}

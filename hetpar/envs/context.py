@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class InstanceContext:
     class_of_host: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     masks: dict[tuple, np.ndarray] = field(default_factory=dict)
     _oracles: dict[tuple[str, int, int], Completions] = field(default_factory=dict)
-    _caps: dict[tuple, int] = field(default_factory=dict)
+    _caps: dict[tuple, Any] = field(default_factory=dict)
     _feasible_m: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
     _any_m: dict[tuple[str, int], bool] = field(default_factory=dict)
 

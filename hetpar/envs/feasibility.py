@@ -25,6 +25,7 @@ import math
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.solvers.space import PlanSpace
@@ -35,6 +36,26 @@ __all__ = ["Completions", "bits_upto", "HostClasses"]
 def bits_upto(n: int) -> int:
     """The bit set {1, ..., n}."""
     return ((1 << (n + 1)) - 2) if n > 0 else 0
+
+
+def _smear_down(x: int, n: int) -> int:
+    """OR of ``x >> k`` for k = 1..n, by doubling (O(log n) big-int operations)."""
+    s, covered = x >> 1, 1
+    while covered < n:
+        step = min(covered, n - covered)
+        s |= s >> step
+        covered += step
+    return s
+
+
+def _smear_up(x: int, n: int) -> int:
+    """OR of ``x << k`` for k = 1..n."""
+    s, covered = x << 1, 1
+    while covered < n:
+        step = min(covered, n - covered)
+        s |= s << step
+        covered += step
+    return s
 
 
 @dataclass(frozen=True)
@@ -94,7 +115,8 @@ class Completions:
         self._singletons = all(len(g) == 1 for g in classes.groups)
         self._caps: dict[tuple, int] = {}
         self._density: dict[tuple, float] = {}
-        self.shared_caps: dict[tuple, int] = {} if shared_caps is None else shared_caps
+        # Capacities and memory coefficients, shared by the oracles of one instance.
+        self.shared_caps: dict[tuple, Any] = {} if shared_caps is None else shared_caps
         self.budget = budget
         self._left = budget
         self.truncated = 0  # searches cut short by the budget
@@ -133,12 +155,17 @@ class Completions:
     def _affine(self, tp: int, dp: int, inflight: int, first: bool, last: bool,
                 ) -> tuple[float, float]:
         """(bytes with one layer, bytes per further layer): memory is affine in layers."""
+        key = ("affine", tp, dp, self.mb, inflight, first, last, self.recompute, self.zero)
+        hit = self.shared_caps.get(key)
+        if hit is not None:
+            return hit
         seqs = self.mb / dp
         one = self.cm.stage_memory(1, tp, dp, seqs, inflight, first, last, self.recompute,
                                    self.zero)[1]
         two = self.cm.stage_memory(2, tp, dp, seqs, inflight, first, last, self.recompute,
                                    self.zero)[1]
-        return one, two - one
+        out = self.shared_caps[key] = (one, two - one)
+        return out
 
     def _capacity(self, usable: float, tp: int, dp: int, inflight: int, first: bool,
                   last: bool) -> int:
@@ -325,14 +352,13 @@ class Completions:
         if out & want:
             return out
         cap = self.capacity(cls, tp, dp, j, False)
-        rest_want = 0
-        for k in range(1, cap + 1):
-            rest_want |= want >> k
-        rest_want &= self._all
+        if not cap:
+            return out
+        # This stage takes k = 1..cap layers: the rest must place want - k.
+        rest_want = _smear_down(want, cap) & self._all
         if rest_want:
             rest = self._closed_rec(free, j + 1, rest_want)
-            for k in range(1, cap + 1):
-                out |= (rest << k) & self._all
+            out |= _smear_up(rest, cap) & self._all
         return out
 
     def _distinct(self, free: Sequence[int], members: Sequence[int], tp: int) -> list[int]:

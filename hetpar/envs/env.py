@@ -64,7 +64,7 @@ from hetpar.envs.observation import (observation_space, pair_features, static_gl
                                      static_host_features)
 from hetpar.envs.sources import InstanceSource, as_source
 from hetpar.envs.types import Instance
-from hetpar.errors import ConfigError, PlanError
+from hetpar.errors import ConfigError, InfeasibleError, PlanError
 from hetpar.plan import Plan
 from hetpar.solvers.space import StageChoice
 
@@ -140,7 +140,7 @@ class PlanBuilderEnv(gym.Env):
         self._cache_size = cache_size
         self._static: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._ep: _Episode | None = None
-        self._forced: int | Instance | None = None
+        self._infeasible: set[int] = set()  # instances found to admit no plan
         # A bad suite should fail here, not in the middle of training.
         for i in self.source.check_indices():
             self._context(i)
@@ -166,6 +166,22 @@ class PlanBuilderEnv(gym.Env):
             old, _ = self._cache.popitem(last=False)
             self._static.pop(old, None)
         return ctx
+
+    def _draw_index(self) -> int:
+        """A random instance index; a generated instance that admits no plan (the
+        generators guarantee none does) is skipped and counted rather than ending a
+        training run."""
+        for _ in range(100):
+            index = int(self.np_random.integers(self.source.count))
+            if index in self._infeasible:
+                continue
+            try:
+                self._context(index)
+            except InfeasibleError:
+                self._infeasible.add(index)
+                continue
+            return index
+        raise InfeasibleError(f"suite {self.source.name}: no feasible instance in 100 draws")
 
     def _check_instance(self, inst: Instance) -> None:
         if inst.num_hosts > self.max_hosts:
@@ -209,7 +225,7 @@ class PlanBuilderEnv(gym.Env):
         elif choice is not None:
             index = int(choice)
         else:
-            index = int(self.np_random.integers(self.source.count))
+            index = self._draw_index()
         ctx = self._context(index)
         hosts0, pairs0, self._globals0 = self._static[index]
         if self.bandwidth_mode == "sampled":

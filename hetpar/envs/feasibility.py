@@ -113,6 +113,7 @@ class Completions:
         self._open: dict[tuple, list[int]] = {}
         self._all = bits_upto(self.layers)
         self._singletons = all(len(g) == 1 for g in classes.groups)
+        self._keys: dict[tuple[int, ...], tuple] = {}  # free vector -> canonical key
         self._caps: dict[tuple, int] = {}
         self._density: dict[tuple, float] = {}
         # Capacities and memory coefficients, shared by the oracles of one instance.
@@ -189,10 +190,15 @@ class Completions:
     # ---- canonical states ---------------------------------------------------------------
     def key(self, free: Sequence[int]) -> tuple:
         """Canonical form of a free vector: sorted free counts per class of hosts."""
+        raw = tuple(free)
         if self._singletons:
-            return tuple(free)
-        return tuple([free[g[0]] if len(g) == 1 else tuple(sorted([free[h] for h in g]))
-                      for g in self.classes.groups])
+            return raw
+        hit = self._keys.get(raw)
+        if hit is None:
+            hit = self._keys[raw] = tuple(
+                [free[g[0]] if len(g) == 1 else tuple(sorted([free[h] for h in g]))
+                 for g in self.classes.groups])
+        return hit
 
     def density(self, cls: int, j: int) -> float:
         """An upper bound on the layers per GPU that any stage of type ``cls`` built at

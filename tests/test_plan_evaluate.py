@@ -200,3 +200,15 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
     assert "| 0.0% | 0.0% | 0.0% |" in exact_line
     png = (out_dir / "gap_vs_size.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_evaluate_stops_an_exact_search_past_its_hard_limit(tiny_instances):
+    suite = load_suite("tiny")
+    # No search answers within 10 ms of its process starting: exact is stopped, counts as
+    # "no plan", and the gaps fall back to the best plan found.
+    res = evaluate(suite, 1, ["exact", "metis"], time_limit=0.01, grace_s=0.0)
+    exact, metis = res.of("exact")[0], res.of("metis")[0]
+    assert "did not return" in exact.error and not exact.optimal
+    assert math.isinf(exact.value_s) and math.isinf(exact.gap)
+    assert metis.reference == "best found (metis)" and metis.gap == 0.0
+    assert "exact proved the optimum on 0 of 1" in res.summary_markdown()

@@ -178,12 +178,17 @@ class Evaluation:
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile that tolerates infinite values (no plan)."""
     if not values:
         return math.nan
-    v = float(np.quantile(np.asarray(values, dtype=float), q))
-    if math.isnan(v) and any(math.isinf(x) for x in values):
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if lo == hi or v[lo] == v[hi]:
+        return float(v[lo])
+    if math.isinf(v[hi]):
         return math.inf
-    return v
+    return float(v[lo] + (pos - lo) * (v[hi] - v[lo]))
 
 
 def _pct(x: float) -> str:
@@ -203,6 +208,7 @@ def _dur(s: float) -> str:
 def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: Any = None,
              objective: str | None = None, samples: int | None = None, seed: int = 0,
              time_limit: float = 60.0, workers: int = 1, budget: int = 200,
+             isolate: bool = True, grace_s: float | None = None, memory_gib: float = 8.0,
              progress: Callable[[int, str], None] | None = None,
              on_start: Callable[[int, str], None] | None = None) -> Evaluation:
     """Run ``methods`` on instances ``0 .. n-1`` of ``suite`` (a ``Suite`` or its name).
@@ -210,6 +216,12 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     ``bundle`` (a loaded policy) is needed when ``policy`` is among the methods; the
     objective and sample count default to the policy's training settings (else ``mean``
     and 16). ``progress(index, method)`` is called after every method on every instance.
+
+    ``isolate`` runs ``exact`` in a child process (``run_exact_isolated``) that is stopped
+    ``grace_s`` seconds after its time limit (default: max(30 s, the time limit)) and may
+    use at most ``memory_gib`` of address space, so one instance on which the search
+    does not honour its limit cannot stall or exhaust the machine; such a run counts as
+    "no plan" and the instance's gaps are taken against the best plan found.
     """
     from hetpar.solvers.api import solve
 
@@ -241,6 +253,7 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
         for m in methods:
             if on_start is not None:
                 on_start(i, m)
+            res: dict[str, Any] = {}
             row = Row(suite.name, i, inst.name, inst.num_hosts, cluster.num_gpus, model.name,
                       m, obj.name, math.inf, 0.0)
             start = time.perf_counter()
@@ -249,6 +262,11 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                     from hetpar.agents.planner import plan_with_policy
                     pp = plan_with_policy(bundle, inst, objective=obj, seed=seed, samples=k)
                     row.value_s, row.inference_s = pp.value, pp.inference_s
+                elif m == "exact" and isolate:
+                    res = run_exact_isolated(inst, obj.name, k, seed, time_limit, workers,
+                                             grace_s=grace_s, memory_gib=memory_gib)
+                    row.value_s, row.optimal = res["value_s"], res["optimal"]
+                    row.error = res["error"]
                 else:
                     sol = solve(cluster, model, training, method=m, objective=obj, samples=k,
                                 seed=seed, workers=workers, budget=budget,
@@ -260,12 +278,102 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
             except HetparError as exc:
                 row.error = " ".join(str(exc).split())
             row.wall_s = time.perf_counter() - start
+            if "wall_s" in res:
+                row.wall_s = res["wall_s"]  # the search itself, without the process start
             rows.append(row)
             if progress is not None:
                 progress(i, m)
         _fill_gaps(rows)
         result.rows.extend(rows)
     return result
+
+
+def _exact_child(conn: Any, inst_doc: dict[str, Any], objective: str, samples: int, seed: int,
+                 time_limit: float, workers: int, memory_bytes: int) -> None:
+    """Body of the child process of ``run_exact_isolated``."""
+    import os
+    import resource
+
+    os.setsid()  # its own process group: the parent stops it together with its workers
+    if memory_bytes > 0:
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        except (ValueError, OSError):  # pragma: no cover - a hard limit below ours
+            pass
+    out: dict[str, Any] = {"value_s": math.inf, "optimal": False, "error": ""}
+    try:
+        from hetpar.envs.types import Instance
+        from hetpar.solvers.api import solve
+
+        inst = Instance.from_dict(inst_doc)
+        start = time.perf_counter()
+        sol = solve(inst.cluster, inst.model, inst.training, method="exact",
+                    objective=objective, samples=samples, seed=seed, workers=workers,
+                    time_limit=time_limit)
+        out["wall_s"] = time.perf_counter() - start
+        if sol.found:
+            out["value_s"] = sol.value
+            out["optimal"] = bool(sol.certificate is not None and sol.certificate.optimal)
+        else:
+            out["error"] = "no plan found"
+    except HetparError as exc:
+        out["error"] = " ".join(str(exc).split())
+    except MemoryError:
+        out["error"] = f"out of memory (limit {memory_bytes / 2**30:.0f} GiB)"
+    try:
+        conn.send(out)
+        conn.close()
+    except (BrokenPipeError, OSError):  # the parent stopped waiting
+        pass
+
+
+def run_exact_isolated(inst: Any, objective: str, samples: int, seed: int, time_limit: float,
+                       workers: int = 1, *, grace_s: float | None = None,
+                       memory_gib: float = 8.0) -> dict[str, Any]:
+    """``solve(method="exact")`` on ``inst`` in a child process with a hard stop.
+
+    Returns ``value_s`` (inf without a plan), ``optimal``, ``error`` ("" when fine) and,
+    when the search answered, ``wall_s``. The child (and its search workers) is killed
+    ``grace_s`` after ``time_limit`` (default max(30, time_limit) seconds)."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    grace = max(30.0, time_limit) if grace_s is None else grace_s
+    hard = time_limit + grace
+    ctx = mp.get_context("forkserver")
+    # Children fork from a server that has the solver imported (once per process).
+    ctx.set_forkserver_preload(["hetpar.solvers.api", "hetpar.envs.types"])
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_exact_child, daemon=False,
+                       args=(send, inst.to_dict(), objective, samples, seed, time_limit,
+                             workers, int(memory_gib * 2**30)))
+    proc.start()
+    send.close()
+    try:
+        if recv.poll(hard):
+            try:
+                return dict(recv.recv())
+            except EOFError:
+                pass
+        else:
+            return {"value_s": math.inf, "optimal": False,
+                    "error": f"exact did not return within {hard:.0f} s (time limit "
+                             f"{time_limit:g} s + {grace:.0f} s grace); stopped"}
+        proc.join(5)
+        return {"value_s": math.inf, "optimal": False,
+                "error": f"exact search process died (exit code {proc.exitcode}; out of "
+                         f"memory?)"}
+    finally:
+        if proc.pid is not None:
+            try:  # the child and the search workers it started (its process group)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.is_alive():  # stopped before it made its own group
+                proc.kill()
+        proc.join(5)
+        recv.close()
 
 
 def _fill_gaps(rows: list[Row]) -> None:

@@ -597,7 +597,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             progress=lambda i, m: bar.update(task, advance=1),
             on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
     paths = write_outputs(result, out)
-    console.print(result.summary_markdown(), highlight=False, markup=False)
+    console.print(result.summary_markdown(), highlight=False, markup=False, soft_wrap=True)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
     return 0
 

@@ -21,6 +21,7 @@ from hetpar.configio import bundled_dir  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
 from hetpar.envs.types import Instance  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
+from hetpar.plan import validate_plan  # noqa: E402
 
 SMALL = {"dim": 32, "heads": 4, "rounds": 2, "edge_dim": 16, "value_dim": 32}
 
@@ -235,4 +236,4 @@ def test_shipped_policy_plans_bundled_clusters(shipped, cluster: str) -> None:  
             break
     assert info["feasible"], cluster
     assert np.isfinite(info["objective_s"]) and info["objective_s"] > 0
-    info["plan"].validate(inst.cluster, inst.model) if hasattr(info["plan"], "validate") else None
+    validate_plan(info["plan"], inst.cluster, inst.model, inst.training, source=cluster)

@@ -1,0 +1,299 @@
+"""Planners and re-planning strategies for a training run on a changing network.
+
+Every planner sees one network state (the cluster in force and its bandwidth vector, or
+for ``robust`` a set of sampled states) and returns a plan with the wall time it took.
+
+* ``static``: the best plan for the start state (time-limited exact search, planned
+  offline before the job starts); keeps it unless it becomes invalid (a host it uses is
+  lost), then re-plans the same way.
+* ``robust``: the CVaR-optimal plan over bandwidth states drawn from the scenario's
+  processes (an independent realisation), kept like ``static``'s.
+* ``policy``: starts from ``static``'s plan and, at every change, asks the trained policy
+  for a plan for the new state (milliseconds, charged as stall); candidates are that plan
+  and the plans already used in this run that are still valid.
+* ``exact``: the same with the time-limited exact search; the oracle does not pay its
+  planning time, ``exact-rt`` (realistic) pays it as stall.
+
+The simulator (``simulator.py``) decides whether to switch to the candidate: only when the
+expected gain over the look-ahead window exceeds the migration cost, or when the current
+plan is no longer valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetpar.cluster.bandwidth import Constant
+from hetpar.cluster.topology import Cluster
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.dynamics.scenario import NetworkState
+from hetpar.errors import HetparError, PlanError
+from hetpar.plan import Plan, validate_plan
+from hetpar.workload.model import ModelSpec
+from hetpar.workload.training import TrainingSpec
+
+__all__ = ["STRATEGIES", "PlanResult", "Planners", "Decision", "Strategy", "make_strategy",
+           "bounded_exact", "cluster_at", "PolicyUnavailable"]
+
+STRATEGIES = ("static", "robust", "policy", "exact", "exact-rt")
+
+
+class PolicyUnavailable(Exception):
+    """No trained policy could be loaded (the ``policy`` strategy is skipped)."""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan | None
+    value: float  # objective value (s) the planner saw; inf when nothing fits
+    wall_s: float  # planning wall time (first computation when cached)
+    optimal: bool = False
+    method: str = ""
+
+
+def bounded_exact(cm: CostModel, objective: Objective, time_limit: float) -> PlanResult:
+    """Time-limited exact search that stops at the deadline.
+
+    ``solve(method="exact", time_limit=...)`` also ranks its root tasks and, when stopped,
+    bisects a lower bound, which can take minutes past the limit on 16-GPU clusters; a
+    re-planner needs a hard limit, so this runs the same branch and bound (seeded by the
+    Metis-style heuristic) without those two steps and without a certificate."""
+    from hetpar.solvers.baselines import metis
+    from hetpar.solvers.exact import (LocalIncumbent, Problem, make_bounds, root_tasks,
+                                      search_subtree)
+    from hetpar.solvers.space import PlanSpace
+
+    start = time.perf_counter()
+    space = PlanSpace(cm.cluster, cm.model, cm.training)
+    seed = metis(cm, space, objective)
+    best_v, best_p = (seed.value, seed.plan) if seed.found else (math.inf, None)
+    problem = Problem(cm, space, objective, time.time() + time_limit, best_v)
+    incumbent = LocalIncumbent(best_v)
+    bounds = make_bounds(problem)
+    finished = True
+    for task in root_tasks(problem, depth=1):
+        if time.time() > problem.deadline:
+            finished = False
+            break
+        res = search_subtree(problem, task, incumbent, bounds)
+        finished = finished and res.finished
+        if res.plan is not None and res.value < best_v:
+            best_v, best_p = res.value, res.plan
+    return PlanResult(best_p, best_v, time.perf_counter() - start, finished, "exact")
+
+
+def cluster_at(cluster: Cluster, bandwidth: np.ndarray) -> Cluster:
+    """The same cluster with every link constant at ``bandwidth`` (Gb/s, links order)."""
+    links = tuple(dataclasses.replace(lk, bandwidth=Constant(float(b)))
+                  for lk, b in zip(cluster.links, bandwidth))
+    return dataclasses.replace(cluster, links=links)
+
+
+@dataclass
+class Planners:
+    """Shared planning context with memo tables (shared by strategies and seeds: plans
+    depend only on the state, and a cached plan is charged its first measured time)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    time_limit_s: float = 5.0
+    policy_path: str | None = None
+    robust_objective: str = "cvar0.9"
+    robust_samples: int = 32
+    _cms: dict[str, CostModel] = field(default_factory=dict)
+    _scores: dict[tuple, float] = field(default_factory=dict)
+    _plans: dict[tuple, PlanResult] = field(default_factory=dict)
+    _bundle: Any = None
+    _bundle_error: str = ""
+    policy_latencies: list[float] = field(default_factory=list)
+    exact_latencies: list[float] = field(default_factory=list)
+
+    # -- scoring -----------------------------------------------------------------------
+    def cost_model(self, state: NetworkState) -> CostModel:
+        assert state.cluster is not None
+        cm = self._cms.get(state.topology)
+        if cm is None:
+            cm = CostModel(state.cluster, self.model, self.training,
+                           bandwidth=state.bandwidth[None, :])
+            self._cms[state.topology] = cm
+        return cm.with_bandwidth(state.bandwidth[None, :])
+
+    def valid(self, plan: Plan | None, state: NetworkState) -> bool:
+        if plan is None or state.cluster is None:
+            return False
+        try:
+            validate_plan(plan, state.cluster, self.model, self.training)
+        except PlanError:
+            return False
+        return True
+
+    def iteration_time(self, plan: Plan | None, state: NetworkState) -> float:
+        """Seconds per iteration of ``plan`` in ``state`` (inf: invalid or does not fit)."""
+        if not self.valid(plan, state):
+            return math.inf
+        key = (state.key, plan)
+        hit = self._scores.get(key)
+        if hit is None:
+            times, fits = self.cost_model(state).iteration_times(plan)  # type: ignore[arg-type]
+            hit = self._scores[key] = float(times[0]) if fits else math.inf
+        return hit
+
+    # -- planners ----------------------------------------------------------------------
+    def exact(self, state: NetworkState) -> PlanResult:
+        if state.cluster is None:
+            return PlanResult(None, math.inf, 0.0, True, "exact")
+        key = ("exact", state.key)
+        hit = self._plans.get(key)
+        if hit is None:
+            hit = bounded_exact(self.cost_model(state), Objective.parse("mean"),
+                                self.time_limit_s)
+            self._plans[key] = hit
+            self.exact_latencies.append(hit.wall_s)
+        return hit
+
+    def robust(self, state: NetworkState, states: np.ndarray) -> PlanResult:
+        """CVaR-optimal plan for ``state``'s topology over sampled bandwidth ``states``
+        ((K, links of state.cluster))."""
+        if state.cluster is None:
+            return PlanResult(None, math.inf, 0.0, True, "robust")
+        key = ("robust", state.topology, np.round(states, 6).tobytes())
+        hit = self._plans.get(key)
+        if hit is None:
+            cm = self.cost_model(state).with_bandwidth(states)
+            hit = bounded_exact(cm, Objective.parse(self.robust_objective), self.time_limit_s)
+            self._plans[key] = hit
+        return hit
+
+    def bundle(self) -> Any:
+        if self._bundle is None and not self._bundle_error:
+            try:
+                from hetpar.agents.io import load_policy
+                self._bundle = load_policy(self.policy_path)
+            except (HetparError, ImportError) as exc:
+                self._bundle_error = str(exc)
+        if self._bundle is None:
+            raise PolicyUnavailable(self._bundle_error)
+        return self._bundle
+
+    def policy(self, state: NetworkState) -> PlanResult:
+        if state.cluster is None:
+            return PlanResult(None, math.inf, 0.0, True, "policy")
+        key = ("policy", state.key)
+        hit = self._plans.get(key)
+        if hit is None:
+            from hetpar.agents.planner import plan_with_policy
+            bundle = self.bundle()
+            start = time.perf_counter()
+            try:
+                pp = plan_with_policy(bundle, cluster_at(state.cluster, state.bandwidth),
+                                      self.model, self.training, objective="mean", samples=1)
+                plan, value = pp.plan, pp.value
+            except HetparError:
+                plan, value = None, math.inf  # e.g. more hosts than the policy handles
+            wall = time.perf_counter() - start
+            hit = self._plans[key] = PlanResult(plan, value, wall, False, "policy")
+            self.policy_latencies.append(wall)
+        return hit
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A strategy's proposal at a state change."""
+
+    candidate: Plan | None  # the plan it would run (may be the current one)
+    planning_s: float  # wall time of planning (measured, or the cached first measurement)
+    charged_s: float  # the part charged to the run as stall
+    source: str = ""  # which planner produced the candidate
+
+
+class Strategy:
+    """Base: keep the current plan while valid, else re-plan with ``fallback``."""
+
+    name = "static"
+    adaptive = False
+
+    def __init__(self, planners: Planners, robust_states: np.ndarray | None = None,
+                 base_links: tuple[str, ...] = ()) -> None:
+        self.p = planners
+        self.library: list[Plan] = []
+        self.robust_states = robust_states
+        self.base_links = base_links
+
+    def plan_for(self, state: NetworkState) -> PlanResult:
+        return self.p.exact(state)
+
+    def initial(self, state: NetworkState) -> Decision:
+        res = self.plan_for(state)
+        if res.plan is not None:
+            self.library.append(res.plan)
+        return Decision(res.plan, res.wall_s, 0.0, res.method)
+
+    def on_change(self, state: NetworkState, current: Plan | None) -> Decision:
+        if self.p.valid(current, state):
+            return Decision(current, 0.0, 0.0, "keep")
+        res = self.plan_for(state)
+        if res.plan is not None and res.plan not in self.library:
+            self.library.append(res.plan)
+        return Decision(res.plan, res.wall_s, 0.0, res.method)
+
+
+class Robust(Strategy):
+    name = "robust"
+
+    def plan_for(self, state: NetworkState) -> PlanResult:
+        assert self.robust_states is not None
+        if state.cluster is None:
+            return PlanResult(None, math.inf, 0.0)
+        from hetpar.dynamics.traces import link_name
+        cols = [self.base_links.index(link_name(lk)) for lk in state.cluster.links]
+        return self.p.robust(state, self.robust_states[:, cols])
+
+
+class Replanner(Strategy):
+    """Re-plans at every change with ``planner``; candidates are its plan and the
+    still-valid plans used before in this run (re-scoring a known plan costs a
+    cost-model call)."""
+
+    adaptive = True
+
+    def __init__(self, planners: Planners, method: str, charge: bool, **kw: Any) -> None:
+        super().__init__(planners, **kw)
+        self.method = method
+        self.charge = charge
+        self.name = {"policy": "policy", "exact": "exact-rt" if charge else "exact"}[method]
+
+    def on_change(self, state: NetworkState, current: Plan | None) -> Decision:
+        res = self.p.policy(state) if self.method == "policy" else self.p.exact(state)
+        options = [(self.p.iteration_time(res.plan, state), 0, res.plan, res.method)]
+        for i, plan in enumerate(self.library):
+            options.append((self.p.iteration_time(plan, state), i + 1, plan, "library"))
+        value, _, best, source = min(options, key=lambda o: (o[0], o[1]))
+        if not math.isfinite(value):
+            best, source = None, res.method
+        if best is not None and best not in self.library:
+            self.library.append(best)
+        return Decision(best, res.wall_s, res.wall_s if self.charge else 0.0, source)
+
+
+def make_strategy(name: str, planners: Planners, *, robust_states: np.ndarray | None = None,
+                  base_links: tuple[str, ...] = ()) -> Strategy:
+    kw: dict[str, Any] = {"robust_states": robust_states, "base_links": base_links}
+    if name == "static":
+        return Strategy(planners, **kw)
+    if name == "robust":
+        return Robust(planners, **kw)
+    if name == "policy":
+        planners.bundle()  # raises PolicyUnavailable early
+        return Replanner(planners, "policy", True, **kw)
+    if name == "exact":
+        return Replanner(planners, "exact", False, **kw)
+    if name == "exact-rt":
+        return Replanner(planners, "exact", True, **kw)
+    raise HetparError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")

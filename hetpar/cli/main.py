@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_suite_parser(sub)
     _add_plan_parsers(sub)
     _add_train_parser(sub)
+    _add_replan_parser(sub)
     return parser
 
 
@@ -658,6 +659,22 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
         return 130
     console.print(f"run folder: {result.run_dir}  (tensorboard --logdir {result.run_dir.parent})")
     return 0
+
+
+# ---- hetpar replan: re-planning over a training run on a changing network (hetpar/dynamics/)
+
+def _add_replan_parser(sub: argparse._SubParsersAction) -> None:
+    from hetpar.dynamics import cli as replan_cli
+
+    rp = sub.add_parser(
+        "replan", help="simulate a training run on a changing network under re-planning strategies",
+        description="Advance a training job through a scenario (or a replayed per-link trace): "
+                    "at every change in bandwidth or topology each strategy may switch plans, "
+                    "paying a checkpoint migration; writes summary.json, summary.md and "
+                    "timeline.png to --out. Formats in docs/dynamics.md.")
+    replan_cli.add_arguments(rp)
+    rp.set_defaults(func=lambda args, console: replan_cli.run(
+        args, lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,106 @@
+"""``hetpar replan``: arguments and command (registered by hetpar/cli/main.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hetpar.errors import ConfigError
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", metavar="FILE|NAME",
+                   help="cluster file or bundled name (required with --trace; overrides the "
+                        "scenario's cluster)")
+    p.add_argument("--model", metavar="FILE|NAME",
+                   help="model file or bundled name (required with --trace; default: the "
+                        "scenario's)")
+    p.add_argument("--training", metavar="FILE|NAME", help="training file or bundled name")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", metavar="FILE",
+                     help="per-link bandwidth trace (CSV: time_s,<a--b>,...; docs/dynamics.md)")
+    src.add_argument("--scenario", metavar="NAME|FILE",
+                     help="scenario file or bundled name (configs/scenarios/)")
+    p.add_argument("--iterations", type=int, metavar="N",
+                   help="training iterations to run (default: the scenario's)")
+    p.add_argument("--policy", metavar="FILE",
+                   help="policy file for the 'policy' strategy (default: the shipped policy; "
+                        "skipped with a note when none is available)")
+    p.add_argument("--strategies", default="static,robust,policy,exact,exact-rt",
+                   help="comma-separated: static, robust, policy, exact (oracle: planning "
+                        "time not charged), exact-rt (realistic: charged as stall)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds of the network "
+                                                "processes (default 0)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="time limit of each exact (and robust) search (default: the "
+                        "scenario's, 5 s)")
+    p.add_argument("--lookahead", type=float, default=None, metavar="S",
+                   help="look-ahead window for the switch decision (default: the scenario's)")
+    p.add_argument("--storage-gbps", type=float, default=None, metavar="GB/s",
+                   help="checkpoint storage bandwidth in GB/s (default: the scenario's, 2)")
+    p.add_argument("--restart-s", type=float, default=None, metavar="S",
+                   help="restart constant of a migration (default: the scenario's, 30)")
+    p.add_argument("--out", default="runs/replan", metavar="DIR",
+                   help="output folder: summary.json, summary.md, timeline.png "
+                        "(default runs/replan)")
+
+
+def _positive(flag: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(flag, "", f"must be positive, got {value:g}")
+
+
+def run(args: argparse.Namespace, log: Any) -> int:
+    import dataclasses
+
+    from hetpar.cluster.topology import load_cluster
+    from hetpar.dynamics.experiment import parse_strategies, run_scenario, write_outputs
+    from hetpar.dynamics.scenario import Migration, load_scenario, scenario_from_trace
+
+    strategies = parse_strategies(args.strategies)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError("--seeds", "", f"expected comma-separated integers, got "
+                                         f"{args.seeds!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds", "", "names no seed")
+    if args.iterations is not None and args.iterations < 1:
+        raise ConfigError("--iterations", "", f"must be at least 1, got {args.iterations}")
+    for flag, value in (("--time-limit", args.time_limit), ("--lookahead", args.lookahead),
+                        ("--storage-gbps", args.storage_gbps)):
+        _positive(flag, value)
+    if args.restart_s is not None and args.restart_s < 0:
+        raise ConfigError("--restart-s", "", f"must not be negative, got {args.restart_s:g}")
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    if args.trace:
+        if cluster is None or not args.model:
+            raise ConfigError("--trace", "", "needs --cluster and --model")
+        if args.iterations is None:
+            raise ConfigError("--trace", "", "needs --iterations")
+        scenario = scenario_from_trace(args.trace, cluster, args.model, args.training,
+                                       args.iterations)
+    else:
+        scenario = load_scenario(args.scenario, cluster=cluster)
+    changes: dict[str, Any] = {}
+    if args.model:
+        changes["model"] = args.model
+    if args.training:
+        changes["training"] = args.training
+    mig = scenario.migration
+    if args.storage_gbps is not None or args.restart_s is not None:
+        changes["migration"] = Migration(args.storage_gbps or mig.storage_GBps,
+                                         mig.restart_s if args.restart_s is None
+                                         else args.restart_s, mig.bytes_per_param)
+    if changes:
+        scenario = dataclasses.replace(scenario, **changes)
+    result = run_scenario(scenario, strategies, seeds, policy_path=args.policy,
+                          iterations=args.iterations, time_limit_s=args.time_limit,
+                          lookahead_s=args.lookahead, log=log)
+    paths = write_outputs(result, Path(args.out))
+    log((paths[1]).read_text())
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return 0

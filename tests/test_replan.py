@@ -1,0 +1,149 @@
+"""Training-run simulator, strategies and ``hetpar replan``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hetpar.cli.main import main
+from hetpar.dynamics.experiment import run_scenario
+from hetpar.dynamics.scenario import build_timeline, parse_scenario
+from hetpar.dynamics.simulator import SimSettings, simulate
+from hetpar.dynamics.strategies import Planners, make_strategy
+from hetpar.workload.model import load_model
+from hetpar.workload.training import load_training
+
+from tests.test_dynamics import CLUSTER, scenario_doc
+
+FAST = 0.3  # seconds per exact search: enough for these 6-GPU instances
+
+
+def _run(doc, strategies=("static", "exact"), seeds=(0,), **kw):
+    sc = parse_scenario(doc)
+    return run_scenario(sc, strategies, seeds, time_limit_s=FAST, **kw)
+
+
+def test_constant_network_nobody_switches_and_tokens_add_up():
+    # Changes of no consequence (two levels above what any plan needs) every minute.
+    doc = scenario_doc(processes=[{"kind": "markov", "links": ["a-0--s1", "a-1--s1", "b--s2"],
+                                   "shared": True, "states": [
+                                       {"name": "x", "gbps": 100, "to": {"y": 0.05}},
+                                       {"name": "y", "gbps": 99.9, "to": {"x": 0.05}}]}],
+                       iterations=3000)
+    run = _run(doc, ("static", "robust", "exact", "exact-rt"))
+    assert len(run.timelines[0].states) > 3
+    tokens_per_iter = load_training("small-batch").global_batch * load_model("gpt3-125m").seq_len
+    for name, results in run.results.items():
+        r = results[0]
+        assert r.finished and r.switches == 0, name
+        assert r.tokens == pytest.approx(3000 * tokens_per_iter)
+        assert r.iterations == pytest.approx(3000)
+    # Realistic exact pays its searches as stall, the oracle does not.
+    assert run.results["exact-rt"][0].planning_charged_s > 0
+    assert run.results["exact"][0].planning_charged_s == 0
+    assert run.results["exact-rt"][0].wall_s > run.results["exact"][0].wall_s
+
+
+def test_static_switches_only_when_invalidated():
+    doc = scenario_doc(iterations=3000, events=[
+        {"kind": "host_down", "host": "a-0", "at_s": 120, "until_s": 600},
+        {"kind": "host_down", "host": "a-1", "at_s": 120, "until_s": 600}])
+    run = _run(doc, ("static", "robust", "exact"))
+    for name in ("static", "robust"):
+        r = run.results[name][0]
+        assert r.switches == r.forced_switches
+        # Every switch happens in a state where the previous plan had become invalid.
+        for ev in r.events[1:]:
+            assert ev["was_s"] is None and ev["topology"]
+    st = run.results["static"][0]
+    assert st.finished and st.forced_switches >= 1
+    assert st.migration_s == pytest.approx(st.switches * run.settings.migration_s)
+
+
+def test_switch_rule_and_time_accounting():
+    sc = parse_scenario(scenario_doc(iterations=2000))
+    tl = build_timeline(sc, np.random.default_rng(1))
+    p = Planners(load_model(sc.model), load_training(sc.training), FAST)
+    for cost, lookahead in ((1e9, 600.0), (0.0, 1e6)):
+        settings = SimSettings(2000, 1, cost, lookahead)
+        r = simulate(tl, make_strategy("exact", p), p, settings)
+        if cost == 1e9:
+            assert r.switches == 0  # no gain can pay for an enormous migration
+        run_s = sum(s.end_s - s.start_s for s in r.segments if s.kind == "run")
+        iters = sum((s.end_s - s.start_s) / s.iter_time_s for s in r.segments if s.kind == "run")
+        assert iters == pytest.approx(2000)
+        assert r.wall_s == pytest.approx(run_s + r.migration_s + r.planning_charged_s)
+
+
+def test_no_feasible_plan_reports_stall_time():
+    doc = scenario_doc(iterations=10**6, events=[
+        {"kind": "host_down", "host": h, "at_s": 900} for h in ("a-0", "a-1", "b")])
+    run = _run(doc, ("static", "exact"))
+    for name, (r,) in run.results.items():
+        assert not r.finished and r.stalled_at_s == pytest.approx(900.0)
+        assert math.isinf(r.wall_s) and 0 < r.iterations < 10**6
+
+
+def test_temporary_outage_stalls_then_resumes():
+    doc = scenario_doc(iterations=3000, events=[
+        {"kind": "host_down", "host": h, "at_s": 60, "until_s": 360} for h in ("a-0", "a-1", "b")])
+    (r,) = _run(doc, ("static",)).results["static"]
+    assert r.finished and r.stall_s == pytest.approx(300.0) and r.stalled_at_s is None
+
+
+def test_policy_skipped_without_policy(tmp_path):
+    run = _run(scenario_doc(iterations=100), ("static", "policy"),
+               policy_path=str(tmp_path / "missing.zip"))
+    assert "policy" in run.skipped and "policy" not in run.results
+
+
+def _write_scenario(tmp_path, **extra):
+    import yaml
+
+    p = tmp_path / "sc.yaml"
+    p.write_text(yaml.safe_dump(scenario_doc(**extra)))
+    return p
+
+
+def test_cli_replan_writes_outputs(tmp_path, capsys):
+    sc = _write_scenario(tmp_path, iterations=500)
+    out = tmp_path / "out"
+    rc = main(["replan", "--scenario", str(sc), "--strategies", "static,exact,exact-rt",
+               "--time-limit", str(FAST), "--seeds", "0,1", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "summary.json").read_text())
+    assert {r["strategy"] for r in data["summary"]} == {"static", "exact", "exact-rt"}
+    assert len(data["runs"]["exact"]) == 2
+    assert (out / "timeline.png").stat().st_size > 1000
+    assert "| static |" in (out / "summary.md").read_text()
+
+
+def test_cli_replan_trace(tmp_path):
+    import yaml
+
+    cl = tmp_path / "cl.yaml"
+    cl.write_text(yaml.safe_dump(CLUSTER))
+    tr = tmp_path / "tr.csv"
+    tr.write_text("time_s,s1--s2\n0,40\n120,4\n240,40\n")
+    rc = main(["replan", "--cluster", str(cl), "--model", "gpt3-125m", "--training",
+               "small-batch", "--trace", str(tr), "--iterations", "400", "--strategies",
+               "static,exact", "--time-limit", str(FAST), "--out", str(tmp_path / "o")])
+    assert rc == 0 and (tmp_path / "o" / "summary.md").exists()
+
+
+def test_cli_replan_bad_trace_exit_2(tmp_path, capsys):
+    import yaml
+
+    cl = tmp_path / "cl.yaml"
+    cl.write_text(yaml.safe_dump(CLUSTER))
+    tr = tmp_path / "bad.csv"
+    tr.write_text("time_s,s1--s2\n0,40\n10,-3\n")
+    rc = main(["replan", "--cluster", str(cl), "--model", "gpt3-125m", "--trace", str(tr),
+               "--iterations", "10", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.csv" in err and "line 3" in err and "positive" in err
+    rc = main(["replan", "--scenario", "stable-dc", "--strategies", "static,nope"])
+    assert rc == 2 and "unknown strategy" in capsys.readouterr().err

@@ -13,8 +13,8 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", metavar="FILE|NAME",
-                   help="cluster file or bundled name (required with --trace; overrides the "
-                        "scenario's cluster)")
+                   help="cluster file, bundled name, or a scenario whose cluster to use "
+                        "(required with --trace; overrides the scenario's cluster)")
     p.add_argument("--model", metavar="FILE|NAME",
                    help="model file or bundled name (required with --trace; default: the "
                         "scenario's)")
@@ -53,10 +53,26 @@ def _positive(flag: str, value: float | None) -> None:
         raise ConfigError(flag, "", f"must be positive, got {value:g}")
 
 
+def _cluster(name: str) -> Any:
+    """A cluster file or bundled cluster, else the cluster of a scenario (file or name)."""
+    from hetpar.cluster.topology import load_cluster
+    from hetpar.dynamics.scenario import list_scenarios, load_scenario
+
+    try:
+        return load_cluster(name)
+    except ConfigError:
+        if name in list_scenarios() or (Path(name).suffix in (".yaml", ".yml")
+                                        and Path(name).exists()):
+            try:
+                return load_scenario(name).cluster
+            except ConfigError:
+                pass
+        raise
+
+
 def run(args: argparse.Namespace, log: Any) -> int:
     import dataclasses
 
-    from hetpar.cluster.topology import load_cluster
     from hetpar.dynamics.experiment import parse_strategies, run_scenario, write_outputs
     from hetpar.dynamics.scenario import Migration, load_scenario, scenario_from_trace
 
@@ -75,7 +91,7 @@ def run(args: argparse.Namespace, log: Any) -> int:
         _positive(flag, value)
     if args.restart_s is not None and args.restart_s < 0:
         raise ConfigError("--restart-s", "", f"must not be negative, got {args.restart_s:g}")
-    cluster = load_cluster(args.cluster) if args.cluster else None
+    cluster = _cluster(args.cluster) if args.cluster else None
     if args.trace:
         if cluster is None or not args.model:
             raise ConfigError("--trace", "", "needs --cluster and --model")

@@ -30,7 +30,7 @@ def run_episode(env: PlanBuilderEnv, rng: np.random.Generator, seed: int) -> tup
         allowed = np.flatnonzero(env.action_masks())
         if allowed.size == 0:
             return steps, False
-        _, _, term, trunc, info = env.step(int(rng.choice(allowed)))
+        _, _, term, trunc, info = env.step(int(allowed[rng.integers(allowed.size)]))
         steps += 1
         if term or trunc:
             return steps, bool(term and info.get("feasible"))

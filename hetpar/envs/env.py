@@ -60,8 +60,8 @@ from hetpar.costmodel.objective import Objective
 from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES, ActionLayout
 from hetpar.envs.context import InstanceContext, log_scale
 from hetpar.envs.feasibility import bits_upto
-from hetpar.envs.observation import (observation_space, pair_features, static_globals,
-                                     static_host_features)
+from hetpar.envs.observation import (observation_space, pair_features, route_links,
+                                     static_globals, static_host_features)
 from hetpar.envs.sources import InstanceSource, as_source
 from hetpar.envs.types import Instance
 from hetpar.errors import ConfigError, InfeasibleError, PlanError
@@ -139,6 +139,7 @@ class PlanBuilderEnv(gym.Env):
         self._cache: OrderedDict[int, InstanceContext] = OrderedDict()
         self._cache_size = cache_size
         self._static: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._routes: dict[int, np.ndarray] = {}
         self._ep: _Episode | None = None
         self._infeasible: set[int] = set()  # instances found to admit no plan
         # A bad suite should fail here, not in the middle of training.
@@ -158,13 +159,16 @@ class PlanBuilderEnv(gym.Env):
                                     constants=self.constants, max_micro=self.layout.max_micro)
         ctx.check_feasible()
         self._cache[index] = ctx
+        routes = route_links(ctx)
+        self._routes[index] = routes
         self._static[index] = (static_host_features(ctx, self.max_hosts),
-                               pair_features(ctx, self.max_hosts, None),
+                               pair_features(ctx, self.max_hosts, None, routes=routes),
                                static_globals(ctx, self.max_hosts, self.layout.max_layers,
                                               self.bandwidth_mode == "robust"))
         if len(self._cache) > self._cache_size:
             old, _ = self._cache.popitem(last=False)
             self._static.pop(old, None)
+            self._routes.pop(old, None)
         return ctx
 
     def _draw_index(self) -> int:
@@ -231,7 +235,8 @@ class PlanBuilderEnv(gym.Env):
         if self.bandwidth_mode == "sampled":
             draw = ctx.cluster.sample_link_bandwidth(self.np_random, 1)
             cm = ctx.cm.with_bandwidth(draw)
-            pairs = pair_features(ctx, self.max_hosts, draw)
+            pairs = pair_features(ctx, self.max_hosts, draw, static=pairs0,
+                                  routes=self._routes[index])
         else:
             cm = ctx.cm
             pairs = pairs0
@@ -506,7 +511,7 @@ class PlanBuilderEnv(gym.Env):
 def random_masked_action(env: PlanBuilderEnv, rng: np.random.Generator) -> int:
     """A uniformly random action among those the mask allows."""
     allowed = np.flatnonzero(env.action_masks())
-    return int(rng.choice(allowed))
+    return int(allowed[rng.integers(allowed.size)])
 
 
 def rollout(env: PlanBuilderEnv, actions: Sequence[int]) -> tuple[float, dict[str, Any]]:

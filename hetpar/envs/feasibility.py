@@ -135,7 +135,7 @@ class Completions:
     def capacity(self, cls: int, tp: int, dp: int, j: int, first: bool) -> int:
         """Most layers a stage of ``dp`` blocks of ``tp`` GPUs of type ``cls`` holds when
         built ``j``-th from the end (0 = last pipeline stage); 0 when none fit."""
-        key = (cls, tp, dp, min(j, self.m), first)
+        key = (cls, tp, dp, j if j < self.m else self.m, first)
         hit = self._caps.get(key)
         if hit is not None:
             return hit
@@ -180,11 +180,10 @@ class Completions:
         if one > usable:
             return 0
         cap = self.layers if per <= 0 else min(self.layers, 1 + int((usable - one) // per))
-        # Guard the closed form against rounding at the boundary.
+        # The closed form may round across the boundary: a capacity must truly fit (what
+        # the masks promise); one layer less than possible is harmless and unlikely.
         while cap > 1 and mem(cap) > usable:
             cap -= 1
-        while cap < self.layers and mem(cap + 1) <= usable:
-            cap += 1
         return cap
 
     # ---- canonical states ---------------------------------------------------------------

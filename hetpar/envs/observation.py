@@ -14,7 +14,7 @@ from gymnasium import spaces
 from hetpar.envs.context import InstanceContext, log_scale
 
 __all__ = ["HOST_FEATURES", "PAIR_FEATURES", "GLOBAL_FEATURES", "observation_space",
-           "static_host_features", "static_globals", "pair_features"]
+           "static_host_features", "static_globals", "pair_features", "route_links"]
 
 HOST_FEATURES = (
     "peak_tflops", "effective_tflops", "usable_memory", "hbm_bandwidth", "gpus",
@@ -80,27 +80,58 @@ def static_globals(ctx: InstanceContext, max_hosts: int, max_layers: int,
     return g
 
 
-def pair_features(ctx: InstanceContext, max_hosts: int, draw: np.ndarray | None) -> np.ndarray:
+def route_links(ctx: InstanceContext) -> np.ndarray:
+    """(n, n, longest route) link indices of each host-to-host route, padded with
+    ``len(links)`` (a sentinel entry of infinite bandwidth), for vectorised minima."""
+    cluster = ctx.cluster
+    n, pad = len(cluster.hosts), len(cluster.links)
+    longest = max((len(cluster.routes[i][j]) for i in range(n) for j in range(n)), default=1)
+    out = np.full((n, n, max(longest, 1)), pad, dtype=np.intp)
+    for i in range(n):
+        for j in range(n):
+            route = cluster.routes[i][j]
+            out[i, j, :len(route)] = [ch // 2 for ch in route]
+    return out
+
+
+def _log_scale(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    v = (np.log10(np.maximum(x, 1e-12)) - np.log10(lo)) / (np.log10(hi) - np.log10(lo))
+    return np.clip(v, 0.0, 1.0)
+
+
+def pair_features(ctx: InstanceContext, max_hosts: int, draw: np.ndarray | None,
+                  static: np.ndarray | None = None, routes: np.ndarray | None = None,
+                  ) -> np.ndarray:
     """Route features between hosts: bottleneck mean, its variability, the bandwidth of
     this episode's draw (the mean in robust mode) and the latency. The diagonal describes
-    the host's own scale-up fabric."""
+    the host's own scale-up fabric. With ``static`` (the features without a draw) and
+    ``routes`` (``route_links``) only the draw channel is recomputed: once per episode."""
     cluster = ctx.cluster
     n = len(cluster.hosts)
-    means = np.array([link.bandwidth.mean() for link in cluster.links])
-    cvs = np.array([link.bandwidth.cv() for link in cluster.links])
-    now = means if draw is None else np.asarray(draw, dtype=float).reshape(-1)
-    out = np.zeros((max_hosts, max_hosts, len(PAIR_FEATURES)), dtype=np.float32)
-    for i in range(n):
-        host = cluster.hosts[i]
-        intra_gbps = host.intra_GBps * 8.0
-        out[i, i] = (log_scale(intra_gbps, 0.1, 1e5), 0.0, log_scale(intra_gbps, 0.1, 1e5),
-                     log_scale(host.intra_latency_s + 1e-7, 1e-7, 1.0))
-        for j in range(n):
-            if i == j:
-                continue
-            links = np.fromiter((ch // 2 for ch in cluster.routes[i][j]), dtype=np.intp)
-            k = links[np.argmin(means[links])]
-            out[i, j] = (log_scale(float(means[k]), 0.1, 1e5), min(float(cvs[k]), 1.0),
-                         log_scale(float(now[links].min()), 0.1, 1e5),
-                         log_scale(cluster.route_latency[i][j] + 1e-7, 1e-7, 1.0))
+    routes = route_links(ctx) if routes is None else routes
+    if static is None:
+        means = np.array([link.bandwidth.mean() for link in cluster.links] + [np.inf])
+        cvs = np.array([link.bandwidth.cv() for link in cluster.links] + [0.0])
+        out = np.zeros((max_hosts, max_hosts, len(PAIR_FEATURES)), dtype=np.float32)
+        if n:
+            # The bottleneck link of each route: its mean and its variability.
+            k = np.take_along_axis(routes, np.argmin(means[routes], axis=2)[..., None],
+                                   axis=2)[..., 0]
+            out[:n, :n, 0] = _log_scale(means[k], 0.1, 1e5)
+            out[:n, :n, 1] = np.minimum(cvs[k], 1.0)
+            out[:n, :n, 2] = out[:n, :n, 0]
+            out[:n, :n, 3] = _log_scale(np.asarray(cluster.route_latency_s)[:n, :n] + 1e-7,
+                                        1e-7, 1.0)
+        for i, host in enumerate(cluster.hosts):
+            intra = log_scale(host.intra_GBps * 8.0, 0.1, 1e5)
+            out[i, i] = (intra, 0.0, intra, log_scale(host.intra_latency_s + 1e-7, 1e-7, 1.0))
+        static = out
+    if draw is None:
+        return static
+    out = static.copy()
+    now = np.append(np.asarray(draw, dtype=float).reshape(-1), np.inf)
+    low = now[routes].min(axis=2)
+    diag = out[np.arange(n), np.arange(n), 2].copy()
+    out[:n, :n, 2] = _log_scale(low, 0.1, 1e5)
+    out[np.arange(n), np.arange(n), 2] = diag
     return out

@@ -10,8 +10,14 @@ import pytest
 
 from hetpar.cluster.topology import parse_cluster
 from hetpar.dynamics.processes import Degrade, DiurnalProcess
-from hetpar.dynamics.scenario import (Migration, build_timeline, cluster_without,
-                                      list_scenarios, load_scenario, parse_scenario)
+from hetpar.dynamics.scenario import (
+    Migration,
+    build_timeline,
+    cluster_without,
+    list_scenarios,
+    load_scenario,
+    parse_scenario,
+)
 from hetpar.dynamics.traces import load_link_trace, write_link_trace
 from hetpar.errors import ConfigError
 
@@ -38,7 +44,7 @@ def test_timeline_deterministic_by_seed():
     a = build_timeline(sc, np.random.default_rng(3))
     b = build_timeline(sc, np.random.default_rng(3))
     c = build_timeline(sc, np.random.default_rng(4))
-    key = lambda tl: [(s.start_s, tuple(s.base_bandwidth)) for s in tl.states]  # noqa: E731
+    key = lambda tl: [(s.start_s, tuple(s.base_bandwidth)) for s in tl.states]
     assert key(a) == key(b)
     assert key(a) != key(c)
     assert a.states[0].start_s == 0.0 and math.isinf(a.states[-1].end_s)
@@ -53,7 +59,7 @@ def test_timeline_deterministic_by_seed():
 def test_diurnal_and_degrade():
     d = DiurnalProcess(busy_gbps=10, quiet_gbps=50, period_s=3600, busiest_s=0,
                        quantum_gbps=10)
-    t, v = d.path(np.random.default_rng(0), 3600, 300)
+    _, v = d.path(np.random.default_rng(0), 3600, 300)
     assert v.min() >= 10 and v.max() <= 50 and set(v) <= {10, 20, 30, 40, 50}
     assert v[0] < v[len(v) // 2]  # busy at t=0, quiet half a period later
     f_t, f_v = Degrade(("x",), at_s=100, factor=0.1, ramp_s=300, ramp_steps=3,

@@ -15,7 +15,6 @@ from hetpar.dynamics.simulator import SimSettings, simulate
 from hetpar.dynamics.strategies import Planners, make_strategy
 from hetpar.workload.model import load_model
 from hetpar.workload.training import load_training
-
 from tests.test_dynamics import CLUSTER, scenario_doc
 
 FAST = 0.3  # seconds per exact search: enough for these 6-GPU instances
@@ -82,7 +81,7 @@ def test_no_feasible_plan_reports_stall_time():
     doc = scenario_doc(iterations=10**6, events=[
         {"kind": "host_down", "host": h, "at_s": 900} for h in ("a-0", "a-1", "b")])
     run = _run(doc, ("static", "exact"))
-    for name, (r,) in run.results.items():
+    for (r,) in run.results.values():
         assert not r.finished and r.stalled_at_s == pytest.approx(900.0)
         assert math.isinf(r.wall_s) and 0 < r.iterations < 10**6
 

@@ -16,12 +16,17 @@ import numpy as np
 
 from hetpar.dynamics.scenario import Scenario, Timeline, build_timeline
 from hetpar.dynamics.simulator import RunResult, SimSettings, simulate
-from hetpar.dynamics.strategies import (STRATEGIES, Planners, PolicyUnavailable,
-                                        make_strategy)
+from hetpar.dynamics.strategies import STRATEGIES, Planners, PolicyUnavailable, make_strategy
 from hetpar.errors import ConfigError
 
-__all__ = ["ScenarioRun", "run_scenario", "robust_states", "write_outputs", "parse_strategies",
-           "summary_rows"]
+__all__ = [
+    "ScenarioRun",
+    "parse_strategies",
+    "robust_states",
+    "run_scenario",
+    "summary_rows",
+    "write_outputs",
+]
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
@@ -141,13 +146,13 @@ def _markdown(run: ScenarioRun) -> str:
     s = run.settings
     lines = [f"# replan: {run.scenario.name}", "",
              run.scenario.description.strip(), "",
-             f"- iterations: {s.iterations} ({s.tokens_per_iteration} tokens each); "
-             f"seeds: {', '.join(map(str, run.seeds))}",
-             f"- migration cost: {s.migration_s:.1f} s per switch; look-ahead "
-             f"{s.lookahead_s:.0f} s; network states per seed: "
-             f"{', '.join(str(len(t.states)) for t in run.timelines)}", ""]
-    lines += ["| strategy | wall time (s), mean ± sd | vs static | tokens | switches "
-              "| migration (s) | planning charged (s) | no-plan stall (s) |",
+             (f"- iterations: {s.iterations} ({s.tokens_per_iteration} tokens each); "
+              f"seeds: {', '.join(map(str, run.seeds))}"),
+             (f"- migration cost: {s.migration_s:.1f} s per switch; look-ahead "
+              f"{s.lookahead_s:.0f} s; network states per seed: "
+              f"{', '.join(str(len(t.states)) for t in run.timelines)}"), ""]
+    lines += [("| strategy | wall time (s), mean ± sd | vs static | tokens | switches "
+               "| migration (s) | planning charged (s) | no-plan stall (s) |"),
               "|---|---|---|---|---|---|---|---|"]
     for row in summary_rows(run):
         vs = (f"{row['vs_static_mean'] * 100:+.2f}%" if "vs_static_mean" in row and

@@ -23,8 +23,18 @@ import numpy as np
 
 from hetpar.cluster.bandwidth import Markov
 
-__all__ = ["Process", "MarkovProcess", "DiurnalProcess", "StepProcess", "Degrade", "LinkDown",
-           "HostDown", "Event", "compress", "step_value"]
+__all__ = [
+    "Degrade",
+    "DiurnalProcess",
+    "Event",
+    "HostDown",
+    "LinkDown",
+    "MarkovProcess",
+    "Process",
+    "StepProcess",
+    "compress",
+    "step_value",
+]
 
 
 def compress(times: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

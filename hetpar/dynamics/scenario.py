@@ -23,15 +23,33 @@ import numpy as np
 from hetpar.cluster.bandwidth import Markov, parse_bandwidth_model
 from hetpar.cluster.topology import Cluster, load_cluster, parse_cluster
 from hetpar.configio import Reader, bundled_dir, load_document
-from hetpar.dynamics.processes import (DiurnalProcess, Event, HostDown, LinkDown,
-                                       MarkovProcess, Degrade, Process, StepProcess,
-                                       step_value)
+from hetpar.dynamics.processes import (
+    Degrade,
+    DiurnalProcess,
+    Event,
+    HostDown,
+    LinkDown,
+    MarkovProcess,
+    Process,
+    StepProcess,
+    step_value,
+)
 from hetpar.dynamics.traces import LinkTrace, find_link, link_name, load_link_trace
 from hetpar.errors import ConfigError
 
-__all__ = ["Migration", "LinkProcess", "Scenario", "NetworkState", "Timeline", "load_scenario",
-           "list_scenarios", "parse_scenario", "build_timeline", "cluster_without",
-           "scenario_from_trace"]
+__all__ = [
+    "LinkProcess",
+    "Migration",
+    "NetworkState",
+    "Scenario",
+    "Timeline",
+    "build_timeline",
+    "cluster_without",
+    "list_scenarios",
+    "load_scenario",
+    "parse_scenario",
+    "scenario_from_trace",
+]
 
 
 @dataclass(frozen=True)

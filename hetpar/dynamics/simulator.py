@@ -20,7 +20,7 @@ from hetpar.dynamics.scenario import Timeline
 from hetpar.dynamics.strategies import Planners, Strategy
 from hetpar.plan import Plan
 
-__all__ = ["SimSettings", "Segment", "RunResult", "simulate"]
+__all__ = ["RunResult", "Segment", "SimSettings", "simulate"]
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,17 @@ from hetpar.plan import Plan, validate_plan
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["STRATEGIES", "PlanResult", "Planners", "Decision", "Strategy", "make_strategy",
-           "bounded_exact", "cluster_at", "PolicyUnavailable"]
+__all__ = [
+    "STRATEGIES",
+    "Decision",
+    "PlanResult",
+    "Planners",
+    "PolicyUnavailable",
+    "Strategy",
+    "bounded_exact",
+    "cluster_at",
+    "make_strategy",
+]
 
 STRATEGIES = ("static", "robust", "policy", "exact", "exact-rt")
 
@@ -66,8 +75,13 @@ def bounded_exact(cm: CostModel, objective: Objective, time_limit: float) -> Pla
     re-planner needs a hard limit, so this runs the same branch and bound (seeded by the
     Metis-style heuristic) without those two steps and without a certificate."""
     from hetpar.solvers.baselines import metis
-    from hetpar.solvers.exact import (LocalIncumbent, Problem, make_bounds, root_tasks,
-                                      search_subtree)
+    from hetpar.solvers.exact import (
+        LocalIncumbent,
+        Problem,
+        make_bounds,
+        root_tasks,
+        search_subtree,
+    )
     from hetpar.solvers.space import PlanSpace
 
     start = time.perf_counter()

@@ -30,7 +30,7 @@ import numpy as np
 from hetpar.cluster.topology import Cluster, Link
 from hetpar.errors import ConfigError
 
-__all__ = ["LinkTrace", "link_name", "find_link", "load_link_trace", "write_link_trace"]
+__all__ = ["LinkTrace", "find_link", "link_name", "load_link_trace", "write_link_trace"]
 
 
 def link_name(link: Link) -> str:

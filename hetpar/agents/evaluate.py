@@ -422,6 +422,7 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     markers = {"policy": "o", "exact": "s", "metis": "^", "megatron": "v", "random": "x"}
@@ -438,8 +439,12 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
         ax.scatter(x, y, label=m, marker=markers.get(m, "o"), s=28, alpha=0.8)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     if worst > 50:
         ax.set_yscale("symlog", linthresh=10)
+        ax.set_ylim(-1.0, worst * 1.6)
+    else:
+        ax.set_ylim(-0.05 * max(worst, 1.0), max(worst, 1.0) * 1.1)
     ax.set_xlabel("cluster size (GPUs)")
     ax.set_ylabel("gap to reference (%)")
     ax.set_title(f"{result.suite}: objective {result.objective}, {result.n} instances "

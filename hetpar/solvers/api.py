@@ -16,7 +16,7 @@ from hetpar.solvers.exact import (Counters, InlineExecutor, LocalIncumbent, Prob
                                   SearchExecutor, Searcher, TaskResult, estimate_space_size,
                                   make_bounds, prefix_lower_bound, root_tasks)
 from hetpar.solvers.solution import Certificate, Solution
-from hetpar.solvers.space import PlanSpace
+from hetpar.solvers.space import PlanSpace, StageChoice
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
@@ -111,11 +111,15 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     # sort is stable, so a first stage's tasks keep their order (close-only one first).
     order_bounds = make_bounds(problem)
     ranker = Searcher(problem, LocalIncumbent(seed_value), order_bounds)
-    rank = {t.prefix[0]: prefix_lower_bound(order_bounds, ranker.combos, t.prefix[:1],
-                                            space.take(space.capacity, t.prefix[0]),
-                                            seed_value, steps=8)
-            for t in tasks if len(t.prefix) == 1}
-    tasks.sort(key=lambda t: rank[t.prefix[0]])
+    # Ranking must not eat the time limit: past a quarter of it, the rest keep their order.
+    rank_until = start + 0.25 * time_limit if time_limit else math.inf
+    rank: dict[StageChoice, float] = {}
+    for t in tasks:
+        if len(t.prefix) == 1 and time.perf_counter() < rank_until:
+            rank[t.prefix[0]] = prefix_lower_bound(order_bounds, ranker.combos, t.prefix[:1],
+                                                   space.take(space.capacity, t.prefix[0]),
+                                                   seed_value, steps=8, until=rank_until)
+    tasks.sort(key=lambda t: rank.get(t.prefix[0], math.inf))
     if executor is None:
         if workers > 1:
             from hetpar.solvers.parallel import ProcessExecutor
@@ -155,11 +159,18 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # stage with unfinished work instead of one per task.
         firsts = {task.prefix[:1] for i, task in enumerate(tasks)
                   if i not in results or not results[i].finished}
+        # The report may overrun the limit by a little only: subtrees left unbounded
+        # when that grace is spent get the trivial bound 0.
+        grace_until = time.perf_counter() + (min(0.1 * time_limit, 5.0) if time_limit
+                                             else math.inf)
         for first in firsts:
+            if time.perf_counter() > grace_until:
+                lb = 0.0
+                break
             # 10 halvings: within 0.1% of the incumbent, and the report stays prompt.
             lb = min(lb, prefix_lower_bound(bounds, probe.combos, first,
                                             space.take(space.capacity, first[0]), value,
-                                            steps=10))
+                                            steps=10, until=grace_until))
     else:
         lb = value
     size, exact_size = estimate_space_size(space, probes=64)

@@ -122,8 +122,9 @@ class Searcher:
         return min(self.incumbent.get(), self.best_value)
 
     def _check_time(self) -> None:
-        self._tick += 1
-        if self._tick % 64 == 0 and time.time() > self.problem.deadline:
+        # Every call: a node's bounds can take tens of milliseconds on large clusters,
+        # far more than reading the clock.
+        if time.time() > self.problem.deadline:
             raise _Stop
 
     def offer(self, value: float, plan: Plan) -> None:
@@ -586,9 +587,11 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
 
 
 def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[StageChoice, ...],
-                       free: tuple[int, ...], upper: float, steps: int = 16) -> float:
+                       free: tuple[int, ...], upper: float, steps: int = 16,
+                       until: float = math.inf) -> float:
     """The least iteration time any plan extending ``prefix`` may have (bisection on the
-    pruning test, which is monotone in its target)."""
+    pruning test, which is monotone in its target). Past ``until`` (``time.perf_counter``)
+    it returns the bracket's lower end as it stands: weaker, still a bound."""
     combos = searcher_combos(s.dp for s in prefix)
 
     def alive(target: float) -> bool:
@@ -596,12 +599,18 @@ def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[
 
     if not math.isfinite(upper):
         upper = 1.0
-        while not alive(upper) and upper < 1e9:
+        while time.perf_counter() < until and not alive(upper) and upper < 1e9:
             upper *= 2
+        if time.perf_counter() >= until:
+            return 0.0
+    if time.perf_counter() >= until:
+        return 0.0
     if not alive(upper):
         return upper
     lo, hi = 0.0, upper
     for _ in range(steps):  # a bound within 2**-16 of the incumbent is plenty
+        if time.perf_counter() >= until:
+            break
         mid = (lo + hi) / 2
         if alive(mid):
             hi = mid

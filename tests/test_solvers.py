@@ -163,3 +163,16 @@ def test_exact_is_never_beaten_by_a_baseline(method):
         # Megatron plans may leave the space (mixed-type stages); the others may not.
         if method != "megatron":
             assert exact.value <= base.value * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_compute_floor_never_exceeds_the_optimum(seed):
+    """The fallback bound of a time-limited search is a true lower bound."""
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.solvers.api import _compute_floor
+    cluster, model, training, objective = tiny_instance(seed)
+    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
+                  seed=seed)
+    if brute.found:
+        cm = CostModel(cluster, model, training, samples=4, seed=seed)
+        assert _compute_floor(cm) <= brute.value

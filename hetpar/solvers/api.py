@@ -92,6 +92,15 @@ def _check_fits_somewhere(cm: CostModel, space: PlanSpace) -> None:
             f"largest GPU has {biggest / GIB:.1f} GiB ({usable / GIB:.1f} GiB usable)")
 
 
+def _compute_floor(cm: CostModel) -> float:
+    """A bound no plan beats: the model's FLOPs at every GPU's matmul rate at once (each
+    GPU computes its share no faster, whatever the network), for when the search's own
+    bounds ran out of time."""
+    rate = sum(h.num_gpus * perf.flops for i, h in enumerate(cm.cluster.hosts)
+               if (perf := cm.host_perf(i)) is not None)
+    return cm.model_flops_per_iter / rate if rate > 0 else 0.0
+
+
 def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
            time_limit: float | None, progress: Callable[[Progress], None] | None,
            executor: SearchExecutor | None) -> Solution:
@@ -161,16 +170,19 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   if i not in results or not results[i].finished}
         # The report may overrun the limit by a little only: subtrees left unbounded
         # when that grace is spent get the trivial bound 0.
-        grace_until = time.perf_counter() + (min(0.1 * time_limit, 5.0) if time_limit
-                                             else math.inf)
-        for first in firsts:
-            if time.perf_counter() > grace_until:
-                lb = 0.0
-                break
-            # 10 halvings: within 0.1% of the incumbent, and the report stays prompt.
-            lb = min(lb, prefix_lower_bound(bounds, probe.combos, first,
-                                            space.take(space.capacity, first[0]), value,
-                                            steps=10, until=grace_until))
+        grace_until = time.perf_counter() + (min(max(0.1 * time_limit, 2.0), 5.0)
+                                             if time_limit else math.inf)
+        for first in sorted(firsts, key=lambda f: rank.get(f[0], math.inf)):
+            # The ranking's bound holds already; a bisection may tighten it (10 halvings:
+            # within 0.1% of the incumbent) while the grace lasts. Both are bounds: the
+            # larger is kept.
+            known = rank.get(first[0], 0.0)
+            if time.perf_counter() < grace_until:
+                known = max(known, prefix_lower_bound(bounds, probe.combos, first,
+                                                      space.take(space.capacity, first[0]),
+                                                      value, steps=10, until=grace_until))
+            lb = min(lb, known)
+        lb = max(lb, _compute_floor(cm))
     else:
         lb = value
     size, exact_size = estimate_space_size(space, probes=64)

@@ -298,17 +298,8 @@ class Completions:
         self._left -= 1
         for c in range(len(self.classes.members)):
             for tp in reversed(self._tps[c]):
-                for h in self._distinct(free, self._eligible[c, tp], tp):
-                    if self._left <= 0:
-                        self.truncated += 1
-                        return entry[0]
-                    free[h] -= tp
-                    got = self._open_rec(free, j, c, tp, 1, want)
-                    free[h] += tp
-                    entry[0] |= got
-                    entry[1] |= got
-                    if got & want:
-                        return entry[0]
+                if self._extend(entry, free, j, c, tp, 1, want) is not False:
+                    return entry[0]
         if self._left > 0:
             entry[1] |= want  # searched in full: none of these counts is reachable
         return entry[0]
@@ -333,21 +324,29 @@ class Completions:
         entry[1] |= got
         if got & want:
             return entry[0]
-        if dp < self.mb:
-            for h in self._distinct(free, self._eligible[cls, tp], tp):
-                if self._left <= 0:
-                    self.truncated += 1
-                    return entry[0]
-                free[h] -= tp
-                got = self._open_rec(free, j, cls, tp, dp + 1, want)
-                free[h] += tp
-                entry[0] |= got
-                entry[1] |= got
-                if got & want:
-                    return entry[0]
+        if dp < self.mb and self._extend(entry, free, j, cls, tp, dp + 1, want) is not False:
+            return entry[0]
         if self._left > 0:
             entry[1] |= want
         return entry[0]
+
+    def _extend(self, entry: list[int], free: list[int], j: int, cls: int, tp: int, dp: int,
+                want: int) -> bool | None:
+        """Try the open stage with its ``dp``-th block from each distinct host, recording
+        what is found in ``entry``: True once a wanted count is reachable, None when the
+        budget runs out, False when no host gives one."""
+        for h in self._distinct(free, self._eligible[cls, tp], tp):
+            if self._left <= 0:
+                self.truncated += 1
+                return None
+            free[h] -= tp
+            got = self._open_rec(free, j, cls, tp, dp, want)
+            free[h] += tp
+            entry[0] |= got
+            entry[1] |= got
+            if got & want:
+                return True
+        return False
 
     def _close_set(self, free: list[int], j: int, cls: int, tp: int, dp: int, want: int) -> int:
         """Reachable counts (some among ``want`` if any is) if the open stage closes now."""

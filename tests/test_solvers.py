@@ -176,3 +176,30 @@ def test_compute_floor_never_exceeds_the_optimum(seed):
     if brute.found:
         cm = CostModel(cluster, model, training, samples=4, seed=seed)
         assert _compute_floor(cm) <= brute.value
+
+
+def test_a_first_level_too_large_to_list_answers_with_the_seed_or_refuses():
+    """Many identical hosts give hundreds of millions of first stages: instead of
+    exhausting memory, a time-limited search returns the seed plan with a bound, and an
+    unlimited one says why it cannot start."""
+    from hetpar.envs.generator import load_suite
+    from hetpar.errors import HetparError
+    from hetpar.solvers.api import MAX_FIRST_STAGES
+
+    inst = load_suite("test-larger").instance(0)
+    space = PlanSpace(inst.cluster, inst.model, inst.training)
+    assert space.count_stage_choices(space.capacity) > MAX_FIRST_STAGES
+    sol = solve(inst.cluster, inst.model, inst.training, method="exact", time_limit=2,
+                samples=4)
+    assert sol.found and sol.certificate.stopped == "time limit"
+    assert 0 < sol.certificate.lower_bound <= sol.value
+    with pytest.raises(HetparError, match="possible first stages"):
+        solve(inst.cluster, inst.model, inst.training, method="exact", samples=4)
+
+
+def test_count_stage_choices_matches_the_listing():
+    for seed in range(10):
+        cluster, model, training, _ = tiny_instance(seed)
+        space = PlanSpace(cluster, model, training)
+        for free in (space.capacity, tuple(max(0, c - 1) for c in space.capacity)):
+            assert space.count_stage_choices(free) == len(list(space.stage_choices(free)))

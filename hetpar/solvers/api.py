@@ -11,7 +11,7 @@ from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import GIB, CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.errors import ConfigError, InfeasibleError
+from hetpar.errors import ConfigError, HetparError, InfeasibleError
 from hetpar.solvers.exact import (Counters, InlineExecutor, LocalIncumbent, Problem,
                                   SearchExecutor, Searcher, TaskResult, estimate_space_size,
                                   make_bounds, prefix_lower_bound, root_tasks)
@@ -92,6 +92,10 @@ def _check_fits_somewhere(cm: CostModel, space: PlanSpace) -> None:
             f"largest GPU has {biggest / GIB:.1f} GiB ({usable / GIB:.1f} GiB usable)")
 
 
+# More first-stage choices than this and the search cannot even list its first level.
+MAX_FIRST_STAGES = 500_000
+
+
 def _compute_floor(cm: CostModel) -> float:
     """A bound no plan beats: the model's FLOPs at every GPU's matmul rate at once (each
     GPU computes its share no faster, whatever the network), for when the search's own
@@ -111,6 +115,22 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     from hetpar.solvers.baselines import metis
     seed = metis(cm, space, obj)
     seed_value = seed.value if seed.found else math.inf
+    first_level = space.count_stage_choices(space.capacity)
+    if first_level > MAX_FIRST_STAGES:
+        # Listing the first stages alone would exhaust memory (tens of millions of ways to
+        # take blocks from many identical hosts): answer with the seed, or refuse.
+        if not time_limit:
+            raise HetparError(
+                f"exact search: {first_level:,} possible first stages on this cluster, more "
+                f"than the {MAX_FIRST_STAGES:,} it can enumerate; give a time limit to get the "
+                "best plan found (the Metis-style seed) with a lower bound")
+        wall = time.perf_counter() - start
+        floor = _compute_floor(cm)
+        cert = Certificate(optimal=False, lower_bound=min(floor, seed_value), nodes=0,
+                           leaves=0, space_size=float(first_level), space_size_exact=False,
+                           wall_s=wall, workers=workers, stopped="time limit")
+        return Solution("exact", obj.name, seed.plan if seed.found else None, seed.estimate,
+                        seed_value, wall, evaluations=0, certificate=cert)
     problem = Problem(cm, space, obj, deadline, seed_value)
     # Several workers get the subtrees below the first two stages, so that no single task
     # dominates; one worker walks the first stages' subtrees whole.

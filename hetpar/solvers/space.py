@@ -107,6 +107,17 @@ class PlanSpace:
                         yield StageChoice(gpu_type, tp, tuple(h for h, _ in used),
                                           tuple(c for _, c in used))
 
+    def count_stage_choices(self, free: Sequence[int]) -> int:
+        """How many stages ``stage_choices(free)`` yields, without listing them."""
+        total = 0
+        for gpu_type in self.types:
+            for tp in self.tp_options[gpu_type]:
+                n = 1
+                for h in self.eligible_hosts(gpu_type, tp):
+                    n *= free[h] // tp + 1
+                total += n - 1
+        return total
+
     @staticmethod
     def take(free: Sequence[int], stage: StageChoice) -> tuple[int, ...]:
         out = list(free)

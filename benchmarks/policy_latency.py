@@ -1,0 +1,66 @@
+"""Planning latency: the shipped policy against the exact search, side by side.
+
+    python benchmarks/policy_latency.py [--time-limit 60] [--repeats 5]
+
+For bundled clusters of 16 to 64 GPUs: the policy's inference time (the masked rollout,
+one CPU thread, median of ``--repeats``), its time including environment set-up, and the
+exact search's wall time with a time limit (when it stops at the limit, the ratio is a
+lower bound: exact would take longer to prove its optimum). Prints the ratios and both
+objectives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import hetpar
+from hetpar.agents.io import load_policy
+from hetpar.agents.planner import plan_with_policy
+from hetpar.solvers import solve
+
+CASES = [
+    ("amp-het-16", "gpt2-medium"),          # 16 GPUs, 4 hosts
+    ("cloud-mixed", "gpt3-1.3b"),           # 48 GPUs, 8 hosts
+    ("dgx-a100-superpod-4", "gpt3-2.7b"),   # 32 GPUs, 4 hosts
+    ("dgx-a100-superpod-16", "gpt3-6.7b"),  # 128 GPUs, 16 hosts
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--policy", default=None, help="policy file (default: the shipped one)")
+    args = ap.parse_args()
+    bundle = load_policy(args.policy)
+    print(f"policy {bundle.path}; exact with a {args.time_limit:.0f} s limit, one worker")
+    print(f"{'cluster':22s} {'GPUs':>4s} {'infer ms':>9s} {'total ms':>9s} {'exact s':>8s} "
+          f"{'ratio':>8s}  policy obj / exact obj")
+    for cluster_name, model_name in CASES:
+        cluster = hetpar.load_cluster(cluster_name)
+        if len(cluster.hosts) > bundle.max_hosts:
+            continue
+        model = hetpar.load_model(model_name)
+        training = hetpar.load_training(None)
+        runs = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            res = plan_with_policy(bundle, cluster, model, training)
+            runs.append((res.inference_s, time.perf_counter() - start, res.value))
+        infer = statistics.median(r[0] for r in runs)
+        total = statistics.median(r[1] for r in runs)
+        start = time.perf_counter()
+        sol = solve(cluster, model, training, method="exact", time_limit=args.time_limit,
+                    samples=res.samples, seed=res.seed, objective=res.objective)
+        exact_s = time.perf_counter() - start
+        proven = sol.certificate is not None and sol.certificate.optimal
+        ratio = exact_s / infer
+        print(f"{cluster_name:22s} {cluster.num_gpus:4d} {1e3 * infer:9.1f} {1e3 * total:9.1f} "
+              f"{exact_s:8.1f} {'' if proven else '>='}{ratio:7.0f}x  "
+              f"{runs[-1][2]:.4f} / {sol.value:.4f}{'' if proven else ' (not proven)'}")
+
+
+if __name__ == "__main__":
+    main()

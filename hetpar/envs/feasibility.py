@@ -130,6 +130,8 @@ class Completions:
         self._tps = tuple(space.tp_options[t] for t in classes.gpu_type)
         self._eligible = {(c, tp): tuple(h for h in classes.members[c] if counts[h] % tp == 0)
                           for c in range(len(classes.members)) for tp in self._tps[c]}
+        self._blocks = {key: sum(counts[h] // key[1] for h in hosts)
+                        for key, hosts in self._eligible.items()}
 
     # ---- stage capacities --------------------------------------------------------------
     def capacity(self, cls: int, tp: int, dp: int, j: int, first: bool) -> int:
@@ -210,7 +212,11 @@ class Completions:
             best = 0.0
             usable = self.classes.usable_bytes[cls]
             for tp in self._tps[cls]:
+                # Only as many replicas as the type's hosts have blocks of tp GPUs.
+                most = self._blocks[cls, tp]
                 for dp in self._dps:
+                    if dp > most:
+                        break
                     for jj in {j, max(j, 1)}:
                         for first in (False, True):
                             one, per = self._affine(tp, dp, min(self.m, jj + 1), first, jj == 0)

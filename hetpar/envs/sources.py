@@ -12,9 +12,11 @@ from hetpar.errors import ConfigError
 
 __all__ = ["InstanceSource", "as_source", "DEFAULT_POOL"]
 
-# A generated suite is an endless family; an environment samples from its first
-# DEFAULT_POOL instances, so that per-instance tables are reused across episodes.
-DEFAULT_POOL = 4096
+# A generated suite is an endless family; by default an environment samples from its
+# first DEFAULT_POOL instances (``instances=N`` for more). The pool fits the default
+# per-instance cache, so each instance's tables (cost model, feasibility memo) are built
+# once and reused: episodes on known instances run several times faster.
+DEFAULT_POOL = 256
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import assert_one_line_error, run  # noqa: E402
 from hetpar.cli.main import main
 from hetpar.configio import bundled_dir
 
@@ -16,20 +17,6 @@ PLAN = str(bundled_dir() / "plans" / "amp-het-16-gpt2.json")
 BASE = ["estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium"]
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("hetpar: error: ")
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 def test_estimate_bundled_default_prints_breakdown(capsys):

@@ -19,7 +19,7 @@ pytest.importorskip("matplotlib")
 from hetpar.agents.evaluate import CSV_COLUMNS, evaluate
 from hetpar.agents.io import load_policy, save_policy
 from hetpar.agents.planner import plan_with_policy
-from hetpar.cli.main import main
+from cli_helpers import assert_one_line_error, run  # noqa: E402
 from hetpar.cluster.topology import load_cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.envs.generator import load_suite, save_instances
@@ -60,19 +60,6 @@ def policy2(tmp_path_factory, tiny_instances) -> Path:
     return _untrained(tmp_path_factory.mktemp("pol") / "untrained2.zip", 2, two)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("hetpar: error: ")
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 @pytest.mark.parametrize("cluster", ["amp-het-16", "cloud-mixed"])

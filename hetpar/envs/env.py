@@ -47,7 +47,6 @@ unchanged, gives ``invalid_action_reward`` and ``info["invalid_action"] = True``
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,8 +194,6 @@ class PlanBuilderEnv(gym.Env):
             raise ConfigError(inst.name, "model.layers",
                               f"{inst.model.layers} layers exceed max_layers="
                               f"{self.layout.max_layers}")
-        if any(h.num_gpus > 2 ** self.layout.max_tp_log2 * 64 for h in inst.cluster.hosts):
-            raise ConfigError(inst.name, "hosts", "a host has more GPUs than supported")
 
     @property
     def instance(self) -> Instance:
@@ -513,13 +510,3 @@ def random_masked_action(env: PlanBuilderEnv, rng: np.random.Generator) -> int:
     allowed = np.flatnonzero(env.action_masks())
     return int(allowed[rng.integers(allowed.size)])
 
-
-def rollout(env: PlanBuilderEnv, actions: Sequence[int]) -> tuple[float, dict[str, Any]]:
-    """Play ``actions`` from the current state; (total reward, last info)."""
-    total, info = 0.0, {}
-    for a in actions:
-        _, r, term, trunc, info = env.step(a)
-        total += r
-        if term or trunc:
-            break
-    return total, info

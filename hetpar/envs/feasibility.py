@@ -120,7 +120,6 @@ class Completions:
         self.shared_caps: dict[tuple, Any] = {} if shared_caps is None else shared_caps
         self.budget = budget
         self._left = budget
-        self.truncated = 0  # searches cut short by the budget
         self.queries = 0
         self.cut_queries = 0  # queries whose answer may be a false "unreachable"
         self._dps = tuple(d for d in range(1, self.mb + 1) if self.mb % d == 0)
@@ -343,7 +342,6 @@ class Completions:
         budget runs out, False when no host gives one."""
         for h in self._distinct(free, self._eligible[cls, tp], tp):
             if self._left <= 0:
-                self.truncated += 1
                 return None
             free[h] -= tp
             got = self._open_rec(free, j, cls, tp, dp, want)

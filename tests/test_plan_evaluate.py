@@ -23,7 +23,10 @@ from cli_helpers import assert_one_line_error, run  # noqa: E402
 from hetpar.cluster.topology import load_cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.envs.generator import load_suite, save_instances
+from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError
+from hetpar.solvers import PlanSpace
+from hetpar.solvers.refine import refine_plan
 from hetpar.workload.model import load_model
 from hetpar.workload.training import load_training
 
@@ -74,11 +77,25 @@ def test_plan_with_policy_is_feasible_and_scored_like_solve(policy8, cluster):
     cm = CostModel(cl, model, training, samples=SAMPLES, seed=3)
     assert cm.evaluate(res.plan).value("mean") == pytest.approx(res.value, rel=1e-12)
     assert res.plan.num_gpus <= cl.num_gpus
-    # Deterministic: the same plan again, and the objective can be overridden.
-    again = plan_with_policy(bundle, cl, model, training, seed=3, objective="p90")
-    assert again.plan.to_dict() == res.plan.to_dict()
+    # Deterministic: the same plan again.
+    assert plan_with_policy(bundle, cl, model, training, seed=3).plan == res.plan
+    # The objective can be overridden: the rollout is the same, the refinement follows it.
+    raw = plan_with_policy(bundle, cl, model, training, seed=3, refine=False)
+    again = plan_with_policy(bundle, cl, model, training, seed=3, objective="p90",
+                             refine=False)
+    assert again.plan.to_dict() == raw.plan.to_dict()
     assert again.objective == "p90"
     assert cm.evaluate(again.plan).value("p90") == pytest.approx(again.value, rel=1e-12)
+    # Refinement keeps the rollout's structure and is never worse than it.
+    space = PlanSpace(cl, cm.model, training)
+    assert raw.value == pytest.approx(res.raw_value, rel=1e-12) and raw.refine_s == 0
+    assert res.value <= raw.value and res.refine_s > 0
+    assert space.decompose(res.plan)[0] == space.decompose(raw.plan)[0]
+    # Without a step budget it is the structure's best completion.
+    full = plan_with_policy(bundle, cl, model, training, seed=3, refine_steps=None)
+    ref = refine_plan(cm, space, Objective.parse("mean"), raw.plan)
+    assert full.refine_complete and ref.complete
+    assert full.value == pytest.approx(ref.value, rel=1e-12) and full.value <= res.value
 
 
 def test_plan_cli_prints_plan_compares_and_writes_estimable_file(capsys, policy8, tmp_path):
@@ -86,7 +103,7 @@ def test_plan_cli_prints_plan_compares_and_writes_estimable_file(capsys, policy8
     code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "amp-het-16",
                          "--model", "gpt2-medium", "--out", out_file, "--compare", "metis")
     assert code == 0, err
-    for text in ("Plan", "Memory per GPU", "policy", "ms of inference",
+    for text in ("Plan", "Memory per GPU", "policy", "ms of inference", "refinement",
                  "gap T_policy / T_metis - 1", "plan written to"):
         assert text in out, text
     code, out, err = run(capsys, "estimate", "--cluster", "amp-het-16", "--model",
@@ -132,7 +149,7 @@ def test_evaluate_api_refuses_bad_methods(tiny_instances):
     suite = load_suite("tiny")
     with pytest.raises(ConfigError, match="unknown method"):
         evaluate(suite, 1, ["policy", "magic"])
-    with pytest.raises(ConfigError, match="needs a policy"):
+    with pytest.raises(ConfigError, match="need a policy"):
         evaluate(suite, 1, ["policy", "metis"])
 
 
@@ -150,8 +167,10 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
     inst_file = save_instances(tmp_path / "tiny2.yaml", tiny_instances, suite="tiny",
                                max_hosts=4)
     out_dir = tmp_path / "ev"
+    methods = ("policy", "policy-raw", "exact", "metis", "megatron", "random")
     code, out, err = run(capsys, "evaluate", "--policy", policy8, "--suite", inst_file,
-                         "--n", "2", "--time-limit", "30", "--out", out_dir)
+                         "--n", "2", "--time-limit", "30", "--out", out_dir,
+                         "--methods", ",".join(methods))
     assert code == 0, err
     assert "median gap" in out
 
@@ -159,7 +178,6 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
         reader = csv.DictReader(fh)
         assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
         rows = list(reader)
-    methods = ("policy", "exact", "metis", "megatron", "random")
     assert len(rows) == 2 * len(methods)
     assert {r["method"] for r in rows} == set(methods)
     for index in ("0", "1"):
@@ -178,6 +196,8 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
             assert int(r["gpus"]) >= 1 and int(r["hosts"]) >= 1 and r["model"]
         assert float(exact["gap"]) == 0.0
         assert float(mine["policy"]["inference_s"]) > 0
+        # Refinement never makes the rollout's plan worse.
+        assert float(mine["policy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])
 
     summary = (out_dir / "summary.md").read_text()
     for text in ("| method |", "median gap", "p90 gap", "worst gap", "wins vs metis",

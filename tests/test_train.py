@@ -37,7 +37,7 @@ def _ci_config(timesteps: int):
 
 
 def test_bundled_configs_parse() -> None:
-    for name in ("tiny", "default"):
+    for name in ("tiny", "default", "imitation"):
         cfg = load_train_config(name)
         assert cfg.total_timesteps > 0 and cfg.env["max_hosts"] >= 4
     assert resolve_train_config_path("configs/train/tiny.yaml").is_file()

@@ -38,6 +38,7 @@ A run folder ``runs/<run-name>/`` holds ``config.yaml`` (resolved), ``tb/`` (Ten
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import signal
@@ -57,7 +58,8 @@ __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "T
            "resolve_train_config_path"]
 
 _TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads", "env",
-                       "ppo", "policy_kwargs", "eval", "checkpoint", "description"})
+                       "ppo", "policy_kwargs", "eval", "checkpoint", "description",
+                       "imitation"})
 _ENV_KEYS = frozenset({"max_hosts", "objective", "bandwidth", "samples", "instances",
                        "max_layers", "max_micro", "max_tp"})
 _PPO_FLOAT = ("gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm")
@@ -66,8 +68,11 @@ _PPO_KEYS = frozenset({"learning_rate", "clip_range", "target_kl", *_PPO_FLOAT, 
 _POLICY_KEYS = frozenset({"dim", "heads", "rounds", "edge_dim", "value_dim"})
 _EVAL_KEYS = frozenset({"suite", "start", "n", "freq", "exact_time_limit", "samples"})
 _CKPT_KEYS = frozenset({"freq", "keep"})
+_IMITATION_KEYS = frozenset({"experts", "exact_time_limit", "instances", "workers", "epochs",
+                             "batch_size", "learning_rate", "vf_coef", "holdout", "cache"})
 
 RESUME_FILE = "interrupted_policy.zip"
+IMITATION_FILE = "imitation_policy.zip"
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class TrainConfig:
     policy_kwargs: dict[str, Any]
     eval: dict[str, Any]
     checkpoint: dict[str, Any]
+    imitation: dict[str, Any] | None = None  # behaviour cloning before PPO (imitation.py)
     name: str = "train"
     source: str = "<dict>"
     description: str = ""
@@ -93,7 +99,8 @@ class TrainConfig:
                 "n_envs": self.n_envs, "torch_threads": self.torch_threads,
                 "env": dict(self.env), "ppo": dict(self.ppo),
                 "policy_kwargs": dict(self.policy_kwargs), "eval": dict(self.eval),
-                "checkpoint": dict(self.checkpoint), "description": self.description}
+                "checkpoint": dict(self.checkpoint), "description": self.description,
+                **({"imitation": dict(self.imitation)} if self.imitation is not None else {})}
 
     def with_overrides(self, *, timesteps: int | None = None, seed: int | None = None,
                        n_envs: int | None = None) -> TrainConfig:
@@ -176,13 +183,48 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
     ck_r = r.sub("checkpoint", {})
     ck_r.check_keys(_CKPT_KEYS)
     ck = {"freq": ck_r.int("freq", 50_000, minimum=0), "keep": ck_r.int("keep", 3, minimum=1)}
+    imitation = _parse_imitation(r)
     cfg = TrainConfig(suite=suite, seed=r.int("seed", 0, minimum=0),
-                      total_timesteps=r.int("total_timesteps", minimum=1),
+                      # With imitation, 0 timesteps of PPO leaves the cloned policy.
+                      total_timesteps=r.int("total_timesteps",
+                                            minimum=0 if imitation is not None else 1),
                       n_envs=r.int("n_envs", 1, minimum=1),
                       torch_threads=r.int("torch_threads", 1, minimum=1), env=env, ppo=ppo,
-                      policy_kwargs=pol, eval=ev, checkpoint=ck, name=name, source=source,
+                      policy_kwargs=pol, eval=ev, checkpoint=ck, imitation=imitation,
+                      name=name, source=source,
                       description=str(r.raw("description", "")).strip())
     return cfg
+
+
+def _parse_imitation(r: Reader) -> dict[str, Any] | None:
+    if r.raw("imitation", None) is None:
+        return None
+    from hetpar.agents.imitation import EXPERT_METHODS
+
+    im = r.sub("imitation", {})
+    im.check_keys(_IMITATION_KEYS)
+    experts = im.raw("experts", ["exact"])
+    if isinstance(experts, str):
+        experts = [experts]
+    if not isinstance(experts, list) or not experts or \
+            any(e not in EXPERT_METHODS for e in experts):
+        raise im.error("experts", f"expected a list of {', '.join(EXPERT_METHODS)}, "
+                                  f"got {experts!r}")
+    holdout = im.number("holdout", 0.1, nonnegative=True)
+    if holdout >= 1:
+        raise im.error("holdout", f"must be below 1, got {holdout}")
+    cache = im.raw("cache", None)
+    if cache is not None and not isinstance(cache, str):
+        raise im.error("cache", f"expected a file path, got {cache!r}")
+    return {"experts": [str(e) for e in experts],
+            "exact_time_limit": im.number("exact_time_limit", 1.0, positive=True),
+            "instances": im.int("instances", None, minimum=1),
+            "workers": im.int("workers", 1, minimum=1),
+            "epochs": im.int("epochs", 20, minimum=1),
+            "batch_size": im.int("batch_size", 256, minimum=1),
+            "learning_rate": im.number("learning_rate", 1e-3, positive=True),
+            "vf_coef": im.number("vf_coef", 0.5, nonnegative=True),
+            "holdout": holdout, "cache": cache}
 
 
 def resolve_train_config_path(path_or_name: str | Path) -> Path:
@@ -367,6 +409,30 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     best_path = run_dir / "best_policy.zip"
     history = run_dir / "eval_history.jsonl"
     best_so_far = _best_from_history(history) if resume else math.inf
+    if cfg.imitation is not None and resume_from is None:
+        try:
+            imitation_stats = _pretrain(model, cfg, run_dir, runs, say)
+        except KeyboardInterrupt:
+            vec_env.close()
+            say("interrupted during imitation pre-training; the expert plans computed so far "
+                "are cached and reused by the next run")
+            return TrainResult(run_dir, None, None, 0, 0.0, True, None, messages)
+        path = save(model, run_dir / IMITATION_FILE, {"imitation": imitation_stats})
+        say(f"imitation policy saved to {path}")
+        if eval_env is not None:
+            from hetpar.agents.callbacks import evaluate_policy_gaps
+
+            res = evaluate_policy_gaps(model, eval_env, refs)
+            res["timesteps"] = 0
+            res["phase"] = "imitation"
+            with history.open("a") as fh:
+                fh.write(json.dumps({k: v for k, v in res.items() if k != "values"},
+                                    default=str) + "\n")
+            say(f"eval after imitation: gap to exact mean {res['gap_exact_mean']:.2%} "
+                f"p90 {res['gap_exact_p90']:.2%}, to metis mean {res['gap_metis_mean']:.2%}")
+            if math.isfinite(res["gap_exact_mean"]):
+                best_so_far = res["gap_exact_mean"]
+                save(model, best_path, {"eval": _summary(res), "imitation": imitation_stats})
     callbacks: list[Any] = [StatsCallback()]
     eval_cb = None
     if eval_env is not None:
@@ -417,6 +483,42 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
                        eval_cb.last if eval_cb else None, messages)
 
 
+def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
+              say: Callable[[str], None]) -> dict[str, Any]:
+    """Behaviour cloning of expert plans on the training pool (``imitation:`` section)."""
+    from hetpar.agents.imitation import (ImitationConfig, behaviour_clone, demonstrations,
+                                         expert_plans, expert_summary)
+    from hetpar.envs.env import PlanBuilderEnv
+
+    assert cfg.imitation is not None
+    im = ImitationConfig(**{**cfg.imitation, "experts": tuple(cfg.imitation["experts"])})
+    env = PlanBuilderEnv(cfg.suite, **{**_env_kwargs(cfg), "instances": cfg.env["instances"]})
+    pool = env.source.count
+    n = min(im.instances or pool, pool)
+    objective, samples = cfg.env["objective"], cfg.env["samples"]
+    suite_tag = re.sub(r"[^A-Za-z0-9._-]", "_", Path(cfg.suite).stem)
+    # Shared between runs by default: expert plans depend only on the suite and settings
+    # (the cache's header records them and a mismatch is refused).
+    cache = Path(im.cache) if im.cache else (
+        runs / "expert-cache" / f"{suite_tag}-{objective}-{samples}-"
+                                f"{'+'.join(sorted(im.experts))}-{im.exact_time_limit:g}s.jsonl")
+    t0 = time.perf_counter()
+    plans = expert_plans(cfg.suite, range(n), objective=objective, samples=samples, cfg=im,
+                         cache=cache, log=say)
+    say(expert_summary(plans, cache) + f" in {time.perf_counter() - t0:.0f}s; cache {cache}")
+    demos = demonstrations(env, plans)
+    if demos.skipped:
+        say(f"imitation: {len(demos.skipped)} instances without a demonstration "
+            f"(e.g. {next(iter(demos.skipped.values()))})")
+    say(f"imitation: {len(demos)} expert decisions from {len(demos.expert_reward)} plans; "
+        f"{im.epochs} epochs")
+    stats = behaviour_clone(model, demos, im, seed=cfg.seed, tb_dir=run_dir / "tb" / "imitation",
+                            log=say)
+    stats["expert_plans"] = float(len(demos.expert_reward))
+    stats["wall_s"] = time.perf_counter() - t0
+    return stats
+
+
 def _summary(res: Mapping[str, Any] | None) -> dict[str, Any]:
     if not res:
         return {}
@@ -424,8 +526,6 @@ def _summary(res: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _best_from_history(history: Path) -> float:
-    import json
-
     best = math.inf
     if history.is_file():
         for line in history.read_text().splitlines():

@@ -427,9 +427,12 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
         "plan", help="plan with a trained policy in milliseconds (one masked rollout)",
         description="Build a plan with a trained policy: one deterministic masked rollout of "
-                    "the plan-building environment. Without --policy it uses the default "
-                    "policy shipped with hetpar. The plan is scored over --samples bandwidth "
-                    "states drawn with --seed, as 'hetpar solve' scores its plans.")
+                    "the plan-building environment, whose structure (stages, TP degrees, "
+                    "hosts) is then kept while the exact layer-split search picks the best "
+                    "micro-batch count, recompute mode and layer split (--no-refine turns "
+                    "that off). Without --policy it uses the default policy shipped with "
+                    "hetpar. The plan is scored over --samples bandwidth states drawn with "
+                    "--seed, as 'hetpar solve' scores its plans.")
     pl.add_argument("--policy", metavar="FILE",
                     help="policy file from 'hetpar train' (default: the shipped policy)")
     _add_instance_args(pl)
@@ -446,6 +449,11 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="also run this method and print the gap T_policy / T_method - 1")
     pl.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="time limit of the exact search for --compare exact")
+    pl.add_argument("--no-refine", action="store_true",
+                    help="keep the rollout's plan as it is (no exact layer split)")
+    pl.add_argument("--refine-steps", type=int, default=500, metavar="N",
+                    help="search steps of the refinement at most (default 500, about 0.5 ms "
+                         "each; a step budget gives the same plan on every machine)")
     pl.set_defaults(func=_cmd_plan)
 
     ev = sub.add_parser(
@@ -461,7 +469,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="bundled suite name, suite file or instance file (hetpar suite list)")
     ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
     ev.add_argument("--methods", default="policy,exact,metis,megatron,random",
-                    help="comma-separated methods (default policy,exact,metis,megatron,random)")
+                    help="comma-separated methods (default policy,exact,metis,megatron,random; "
+                         "also policy-raw: the rollout without refinement)")
     ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                     help="time limit of the exact search per instance (default 60)")
     ev.add_argument("--workers", type=int, default=1, metavar="N",
@@ -484,6 +493,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     if args.time_limit is not None and args.time_limit <= 0:
         raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
+    if args.refine_steps < 1:
+        raise ConfigError("--refine-steps", "", f"must be at least 1, got {args.refine_steps}")
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
@@ -495,7 +506,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     bundle = load_policy(args.policy)
     result = plan_with_policy(bundle, cluster, model, training, objective=args.objective,
                               seed=args.seed, samples=args.samples, constants=constants,
-                              source=args.cluster)
+                              source=args.cluster, refine=not args.no_refine,
+                              refine_steps=args.refine_steps)
     other = None
     if args.compare:
         from hetpar.solvers.api import solve
@@ -529,6 +541,14 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                   f"steps ({result.forced} forced) in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
                   f"({result.forward_s * 1e3:.1f} ms forward passes), "
                   f"{result.setup_s * 1e3:.1f} ms setup; {result.policy}", highlight=False)
+    if not args.no_refine:
+        change = (f"{result.raw_value:.4f} s -> {result.value:.4f} s "
+                  f"({result.value / result.raw_value - 1:+.1%})"
+                  if result.value < result.raw_value else "no better split found")
+        console.print(f"[bold]refinement[/] (micro-batches, recompute, layer split of the "
+                      f"rollout's stages): {change} in {result.refine_s * 1e3:.1f} ms"
+                      f"{'' if result.refine_complete else ' (step budget reached)'}",
+                      highlight=False)
     if other is not None:
         if not other.found:
             console.print(f"[bold]{other.method}[/]: no plan found in {other.wall_s:.2f} s")
@@ -536,11 +556,12 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             cert = other.certificate
             how = ("" if cert is None else ", proven optimal" if cert.optimal else
                    f", not proven optimal ({cert.stopped}, bound gap {other.gap:.1%})")
-            speed = other.wall_s / max(result.inference_s, 1e-9)
+            speed = other.wall_s / max(result.latency_s, 1e-9)
             console.print(f"[bold]{other.method}[/]: objective {other.objective} = "
                           f"{other.value:.4f} s in {other.wall_s:.2f} s{how}", highlight=False)
             console.print(f"gap T_policy / T_{other.method} - 1 = [bold]{gap:+.2%}[/]; the "
-                          f"policy's inference was {speed:,.0f}x faster", highlight=False)
+                          f"policy (rollout and refinement) was {speed:,.0f}x faster",
+                          highlight=False)
     if out is not None:
         console.print(f"plan written to {out} (check it with: hetpar estimate --plan {out} ...)")
     return 0
@@ -580,7 +601,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--n", "", f"the suite {suite.name} has {suite.size} instances, "
                                      f"asked for {args.n}")
     bundle = None
-    if "policy" in methods:
+    if "policy" in methods or "policy-raw" in methods:
         from hetpar.agents.io import load_policy
         bundle = load_policy(args.policy)
 

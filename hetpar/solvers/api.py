@@ -14,7 +14,8 @@ from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
 from hetpar.solvers.exact import (Counters, InlineExecutor, LocalIncumbent, Problem,
                                   SearchExecutor, Searcher, TaskResult, estimate_space_size,
-                                  make_bounds, prefix_lower_bound, root_tasks)
+                                  make_bounds, prefix_lower_bound, root_lower_bound,
+                                  root_tasks)
 from hetpar.solvers.solution import Certificate, Solution
 from hetpar.solvers.space import PlanSpace, StageChoice
 from hetpar.workload.model import ModelSpec
@@ -192,6 +193,11 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # when that grace is spent get the trivial bound 0.
         grace_until = time.perf_counter() + (min(max(0.1 * time_limit, 2.0), 5.0)
                                              if time_limit else math.inf)
+        # One bound covers every plan: it is the floor under every subtree's (first, with
+        # half of the grace, so that no subtree is left at the trivial bound 0).
+        root_until = min(grace_until, time.perf_counter() + 0.5 * (grace_until
+                                                                     - time.perf_counter()))
+        root = root_lower_bound(bounds, probe.combos, value, steps=10, until=root_until)
         for first in sorted(firsts, key=lambda f: rank.get(f[0], math.inf)):
             # The ranking's bound holds already; a bisection may tighten it (10 halvings:
             # within 0.1% of the incumbent) while the grace lasts. Both are bounds: the
@@ -202,7 +208,7 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                                                       space.take(space.capacity, first[0]),
                                                       value, steps=10, until=grace_until))
             lb = min(lb, known)
-        lb = max(lb, _compute_floor(cm))
+        lb = max(lb, root, _compute_floor(cm))
     else:
         lb = value
     size, exact_size = estimate_space_size(space, probes=64)

@@ -27,6 +27,15 @@ from hetpar.solvers.space import PlanSpace, StageChoice
 __all__ = ["StageProfile", "Bounds"]
 
 
+def _dedupe(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Knapsack items (GPUs, sides, layers): only the most layers per (GPUs, sides)."""
+    best: dict[tuple[int, int], int] = {}
+    for w, e, v in items:
+        if v > best.get((w, e), 0):
+            best[(w, e)] = v
+    return [(w, e, v) for (w, e), v in best.items()]
+
+
 def _affine(f) -> tuple[float, float]:
     """(slope, intercept) of a function affine in the layer count for counts >= 1."""
     one, two = f(1), f(2)
@@ -159,6 +168,10 @@ class Bounds:
         if hit is not False:
             return hit
         out = None
+        if (self.batch // m) % dp:
+            # Its replicas could not share a micro-batch evenly: no such stage (profile).
+            self._profiles[key] = None
+            return None
         seqs = self.batch / m / dp
         for h in self.space.eligible_hosts(gpu_type, tp):
             perf = self.cm.host_perf(h)
@@ -192,13 +205,9 @@ class Bounds:
         perfs = [self.cm.host_perf(h) for h in hosts if self.cm.host_perf(h) is not None]
         grad = self.layer_grad / tp
         intra_bw = max(p.intra_bw for p in perfs)
-        fastest = math.inf
-        for h in hosts:
-            for x in range(len(self.cm.cluster.hosts)):
-                if x != h:
-                    for ch in self.cm.cluster.routes[h][x]:
-                        fastest = min(fastest, float(self.inv_bw[ch]))
-        fastest = fastest if math.isfinite(fastest) else 0.0
+        # A ring over n hosts sends its bytes out of every one of them: at least the
+        # n-th fastest cut (seconds per byte, smallest first) among the type's hosts.
+        cuts = sorted(self.cut_inv((h,)) for h in hosts)
         best = math.inf
         held = 0
         for n, free_blocks in enumerate(blocks, start=1):
@@ -210,7 +219,7 @@ class Bounds:
             per_host = -(-dp // n)
             d = 2.0 * (per_host - 1) / per_host * grad / intra_bw if per_host > 1 else 0.0
             if n > 1:
-                d += 2.0 * (n - 1) / n * grad * tp * fastest
+                d += 2.0 * (n - 1) / n * grad * tp * cuts[min(n, len(cuts)) - 1]
             best = min(best, d)
             if n >= dp:
                 break
@@ -286,7 +295,95 @@ class Bounds:
         if not math.isfinite(best):
             best = 0.0
         volume = self.batch / m * self.cm.seq_len * self.cm.model.hidden * 2.0
-        out = 2.0 * volume * best
+        # The whole micro-batch goes to one other host: its route's latency and one
+        # framework step come on top of the bytes, both ways.
+        out = 2.0 * (volume * best + self._least_latency((host,)))
+        self._profiles[key] = out
+        return out
+
+    def _least_latency(self, hosts: tuple[int, ...]) -> float:
+        """Least latency of an inter-host transfer leaving or entering ``hosts`` (route
+        latency plus the framework's step, which the cost model adds to every boundary
+        with inter-host flows); 0 if no host lies outside."""
+        key = ("lat", hosts)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        inside = set(hosts)
+        lat = self.cm.cluster.route_latency
+        best = min((min(lat[a][b], lat[b][a]) for a in hosts
+                    for b in range(len(self.cm.cluster.hosts)) if b not in inside),
+                   default=math.inf)
+        out = best + self.cm.framework.step_latency_s if math.isfinite(best) else 0.0
+        self._profiles[key] = out
+        return out
+
+    def cut_inv(self, hosts: tuple[int, ...]) -> float:
+        """Reduced seconds per byte, at least, of data entering or leaving the host set
+        ``hosts`` (either way, the smaller).
+
+        Every flow from outside into the set ends on a last-hop channel into one of its
+        hosts (every flow out starts on a first hop out of one), so a transfer moving
+        ``V`` bytes across takes at least ``V`` over those channels' summed bandwidth:
+        their most loaded channel carries at least its share. 0 if nothing lies outside."""
+        key = ("cut", hosts)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        inside = set(hosts)
+        routes = self.cm.cluster.routes
+        into: set[int] = set()
+        out_of: set[int] = set()
+        for h in hosts:
+            for x in range(len(self.cm.cluster.hosts)):
+                if x in inside:
+                    continue
+                if routes[x][h]:
+                    into.add(routes[x][h][-1])
+                if routes[h][x]:
+                    out_of.add(routes[h][x][0])
+        best = math.inf
+        for chans in (into, out_of):
+            if chans:
+                rate = (1.0 / self.cm.inv_bw[:, sorted(chans)]).sum(axis=1)  # bytes/s
+                best = min(best, float(self.reduce(1.0 / rate)))
+        out = best if math.isfinite(best) else 0.0
+        self._profiles[key] = out
+        return out
+
+    def _volume(self, m: int) -> float:
+        """Activation bytes of one micro-batch at a stage boundary (one direction)."""
+        return self.batch / m * self.cm.seq_len * self.cm.model.hidden * 2.0
+
+    def type_crossing(self, hosts: tuple[int, ...], m: int) -> float:
+        """Least round trip of a micro-batch entering or leaving ``hosts`` whole: what a
+        stage on those hosts pays on a side whose neighbour has no replica there."""
+        return 2.0 * (self._volume(m) * self.cut_inv(hosts) + self._least_latency(hosts))
+
+    def spread_crossing(self, gpu_type: str, dp: int, blocks: tuple[int, ...], m: int,
+                        ) -> float:
+        """Least round trip a stage of ``dp`` replicas spread over two or more hosts of the
+        type pays on a side whose neighbour is not on the same hosts in the same
+        proportions (``blocks``: the free TP blocks per host, most first).
+
+        With a neighbour on one host ``x`` that holds a share ``s < 1`` of the spread
+        stage, ``(1 - s) V`` bytes cross the cut around ``x``, and
+        ``s <= min(blocks[0], dp - 1) / dp``. With any other neighbour (another host,
+        another type, a stage spread elsewhere) the host holding the largest share,
+        at least ``1 / min(dp, hosts with room)``, receives or sends at least that
+        share of ``V`` through its own cut."""
+        key = ("spread", gpu_type, dp, blocks, m)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        hosts = self.space.hosts_of_type[gpu_type]
+        n_all = len(self.cm.cluster.hosts)
+        inv_type = min(self.cut_inv((h,)) for h in hosts)
+        share = min(blocks[0], dp - 1) / dp
+        room = min(dp, sum(1 for b in blocks if b > 0))
+        inv = inv_type * min(1.0 - share, 1.0 / max(room, 1))
+        lat = min(self._least_latency((h,)) for h in range(n_all))
+        out = 2.0 * (self._volume(m) * inv + lat)
         self._profiles[key] = out
         return out
 
@@ -316,6 +413,7 @@ class Bounds:
                                            budget, m)
                     if value > 0:  # a stage holds at least one layer
                         items.append((tp * dp, ends, value))
+        items = _dedupe(items)
         neg = -math.inf
         best = [[neg] * 3 for _ in range(free + 1)]
         best[0][0] = 0.0
@@ -339,15 +437,23 @@ class Bounds:
 
     def _multi_table(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
                      budget: float, most: int) -> list[list[float]]:
-        """``X[g][x]``: most layers ``x`` stages of the type spread over two or more hosts
-        can hold under the threshold with ``g`` GPUs (their all-reduce crosses hosts)."""
+        """``X[g][c]``: most layers stages of the type spread over two or more hosts
+        (their all-reduce crosses hosts) can hold under the threshold with ``g`` GPUs,
+        when they make up at most ``c`` spread runs (maximal sequences of consecutive
+        spread stages).
+
+        A spread run sits between two runs on single hosts (or ends the pipeline, or
+        continues the prefix) and frees their sides from the full crossing, but pays
+        on its own sides at least ``spread_crossing`` each: ``q`` runs have at least
+        ``2 q - 2`` sides in all, so ``x`` spread stages with ``e`` paid sides make at
+        most ``min(x, e // 2 + 1)`` runs. (Counted per type, which only adds runs.)"""
         key = ("multi", gpu_type, free, m, rc, budget, most)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
         hosts = self.space.hosts_of_type[gpu_type]
         total = sum(free)
-        items = []
+        items = []  # (GPUs, paid sides, layers)
         for tp in self.space.tp_options[gpu_type]:
             ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
             blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
@@ -358,27 +464,39 @@ class Bounds:
                 d = self._shape_dp(gpu_type, tp, dp, blocks, min_hosts=2)
                 if not math.isfinite(d):
                     continue
-                value = self._capacity(shape[0], shape[1], d, shape[2], budget, m)
-                if value > 0:
-                    items.append((tp * dp, value))
+                cross = self.spread_crossing(gpu_type, dp, blocks, m)
+                for ends in (0, 1, 2):
+                    value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
+                                           budget, m)
+                    if value > 0:
+                        items.append((tp * dp, ends, value))
+        items = _dedupe(items)
         neg = -math.inf
-        best = [[neg] * (most + 1) for _ in range(total + 1)]
-        best[0][0] = 0.0
+        most_e = 2 * most
+        # best[g][(x, e)]: x spread stages (capped at ``most``), e paid sides (capped)
+        best: list[dict[tuple[int, int], float]] = [dict() for _ in range(total + 1)]
+        best[0][(0, 0)] = 0.0
         for g in range(1, total + 1):
             row = best[g]
-            row[0] = 0.0
-            for w, value in items:
+            for w, ends, value in items:
                 if w > g:
                     continue
-                prev = best[g - w]
-                for x in range(1, most + 1):
-                    if prev[x - 1] + value > row[x]:
-                        row[x] = prev[x - 1] + value
-        for g in range(1, total + 1):
-            for x in range(most + 1):
-                best[g][x] = max(best[g][x], best[g - 1][x])
-        self._knap[key] = best
-        return best
+                for (x, e), v in best[g - w].items():
+                    k = (min(most, x + 1), min(most_e, e + ends))
+                    if v + value > row.get(k, neg):
+                        row[k] = v + value
+        out = [[neg] * (most + 1) for _ in range(total + 1)]
+        for g in range(total + 1):
+            row = out[g]
+            if g:
+                row[:] = out[g - 1]  # GPUs may stay idle
+            row[0] = 0.0
+            for (x, e), v in best[g].items():
+                c = min(x, e // 2 + 1)
+                if v > row[c]:
+                    row[c] = v
+        self._knap[key] = out
+        return out
 
     def pool_capacity(self, free: tuple[int, ...], m: int, rc: str, budget: float,
                       entry_free: bool) -> float:
@@ -390,9 +508,10 @@ class Bounds:
         its type (its all-reduce then crosses hosts). Stages on one host form one run per
         host (more runs only add crossings). Each run is entered through a crossing and
         left through one, except that the last run is not left, the first may continue
-        the prefix's last stage (``entry_free``), and a stage over several hosts may sit
-        between two runs and take both crossings at no charge. A crossing costs its end
-        stage of the run at least ``crossing_time`` of that run's host in its cycle."""
+        the prefix's last stage (``entry_free``), and a run of stages spread over several
+        hosts may sit between two runs and spare their sides (it pays its own sides,
+        ``_multi_table``). A crossing costs its end stage of the run at least
+        ``crossing_time`` of that run's host in its cycle."""
         if len(self._knap) > 200_000:
             self._knap.clear()
         key = ("pool", free, m, rc, budget, entry_free)
@@ -402,57 +521,156 @@ class Bounds:
         n_hosts = sum(1 for f in free if f)
         most_x = max(1, n_hosts)  # more spread stages than runs absorb nothing more
         neg = -math.inf
-        # combined[(runs, ends, spread stages)] -> most layers, over the types so far
-        combined: dict[tuple[int, int, int], float] = {(0, 0, 0): 0.0}
+        # combined[(runs, ends, spread runs, some run pays no side)] -> most layers, over
+        # the types so far. A run that pays no side is the only segment, or has a spread
+        # run beside it: with two or more runs and no spread run, every run pays a side.
+        combined: dict[tuple[int, int, int, int], float] = {(0, 0, 0, 0): 0.0}
         for gpu_type in self.space.types:
             hosts = self.space.hosts_of_type[gpu_type]
             tfree = tuple(free[h] for h in hosts)
             total = sum(tfree)
             if not total:
                 continue
-            # runs[g][(r, e)] over the type's hosts, one host after the other
-            runs: list[dict[tuple[int, int], float]] = [dict() for _ in range(total + 1)]
-            runs[0][(0, 0)] = 0.0
+            multi = self._multi_table(gpu_type, tfree, m, rc, budget, most_x)
+            spread = any(v > 0 for v in multi[total][1:])
+            # runs[g][(r, e, z)] over the type's hosts, one host after the other. Without
+            # a useful spread stage nothing else competes for a host's GPUs: each run
+            # takes them all (its table is monotone in them).
+            span = total if spread else 0
+            runs: list[dict[tuple[int, int, int], float]] = [dict() for _ in range(span + 1)]
+            runs[0][(0, 0, 0)] = 0.0
             used = 0
             for h, f in zip(hosts, tfree):
                 if not f:
                     continue
                 table = self._run_table(h, f, m, rc, budget)
-                nxt: list[dict[tuple[int, int], float]] = [dict(d) for d in runs]
+                nxt: list[dict[tuple[int, int, int], float]] = [dict(d) for d in runs]
+                sizes = range(1, f + 1) if spread else (f,)
                 for g0 in range(used + 1):
-                    for (r, e), v in runs[g0].items():
-                        for g in range(1, f + 1):
+                    for (r, e, z), v in runs[g0].items():
+                        for g in sizes:
                             for ends in range(3):
                                 val = table[g][ends]
                                 if val == neg:
                                     continue
-                                k = (r + 1, e + ends)
-                                cell = nxt[g0 + g]
+                                k = (r + 1, e + ends, z | (ends == 0))
+                                cell = nxt[g0 + g if spread else 0]
                                 if v + val > cell.get(k, neg):
                                     cell[k] = v + val
                 runs = nxt
-                used += f
-            multi = self._multi_table(gpu_type, tfree, m, rc, budget, most_x)
-            per_type: dict[tuple[int, int, int], float] = {}
-            for g1 in range(total + 1):
-                for (r, e), v in runs[g1].items():
-                    row = multi[total - g1]
-                    for x in range(most_x + 1):
+                if spread:
+                    used += f
+            per_type: dict[tuple[int, int, int, int], float] = {}
+            for g1 in range(span + 1):
+                row = multi[total - g1] if spread else [0.0]
+                for (r, e, z), v in runs[g1].items():
+                    for x in range(len(row)):
                         if row[x] == neg:
                             continue
-                        k = (r, e, x)
+                        k = (r, e, x, z)
                         if v + row[x] > per_type.get(k, neg):
                             per_type[k] = v + row[x]
-            merged: dict[tuple[int, int, int], float] = {}
-            for (r1, e1, x1), v1 in combined.items():
-                for (r2, e2, x2), v2 in per_type.items():
-                    k = (r1 + r2, e1 + e2, min(most_x, x1 + x2))
+            merged: dict[tuple[int, int, int, int], float] = {}
+            for (r1, e1, x1, z1), v1 in combined.items():
+                for (r2, e2, x2, z2), v2 in per_type.items():
+                    k = (r1 + r2, e1 + e2, min(most_x, x1 + x2), z1 | z2)
                     if v1 + v2 > merged.get(k, neg):
                         merged[k] = v1 + v2
             combined = merged
         best = 0.0
-        for (r, e, x), v in combined.items():
-            if r == 0 or e >= 2 * r - 1 - int(entry_free) - 2 * x:
+        for (r, e, x, z), v in combined.items():
+            if r == 0 or (e >= 2 * r - 1 - int(entry_free) - 2 * x
+                          and not (z and x == 0 and r >= 2)):
+                best = max(best, v)
+        self._knap[key] = best
+        return best
+
+    def _type_table(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                    budget: float, cross: float) -> list[float]:
+        """``T[e]``: most layers stages of one type (``free``: GPUs per host of the type)
+        can hold under the threshold when ``e`` of their sides (0, 1 or 2) pay ``cross``;
+        -inf if none. Stages only compete for the type's GPU count (as ``knapsack``)."""
+        key = ("type", gpu_type, free, m, rc, budget, cross)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        hosts = self.space.hosts_of_type[gpu_type]
+        total = sum(free)
+        items = []
+        for tp in self.space.tp_options[gpu_type]:
+            ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
+            blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
+            for dp in range(1, sum(blocks) + 1):
+                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                if shape is None:
+                    continue
+                d = self._shape_dp(gpu_type, tp, dp, blocks)
+                for ends in (0, 1, 2):
+                    value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
+                                           budget, m)
+                    if value > 0:
+                        items.append((tp * dp, ends, value))
+        items = _dedupe(items)
+        neg = -math.inf
+        best = [[neg] * 3 for _ in range(total + 1)]
+        best[0][0] = 0.0
+        for g in range(1, total + 1):
+            row = best[g]
+            for w, ends, value in items:
+                if w > g:
+                    continue
+                prev = best[g - w]
+                for e in range(ends, 3):
+                    if prev[e - ends] + value > row[e]:
+                        row[e] = prev[e - ends] + value
+        out = [neg, neg, neg]
+        for g in range(1, total + 1):
+            for e in range(3):
+                out[e] = max(out[e], best[g][e])
+        self._knap[key] = out
+        return out
+
+    def type_capacity(self, free: tuple[int, ...], m: int, rc: str, budget: float,
+                      entry_free: bool) -> float:
+        """Most layers the stages still to be built can hold under the threshold, by GPU
+        type: consecutive stages of one type form a type run, entered and left through
+        the cut around the type's hosts with room (stages of other types lie outside
+        it), which costs each side at least ``type_crossing``. Every type used has a run;
+        the last run is not left, and the first is not entered if it continues the
+        prefix's last stage's type (``entry_free``: that type has room)."""
+        if len(self._knap) > 200_000:
+            self._knap.clear()
+        key = ("types", free, m, rc, budget, entry_free)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        neg = -math.inf
+        # combined[(runs, runs paying one side, runs paying none)] -> most layers. Every
+        # junction between runs charges one side to each of its two runs, so with two or
+        # more runs each pays a side, and only the first (entered for free) and the last
+        # (never left) may pay just one.
+        combined: dict[tuple[int, int, int], float] = {(0, 0, 0): 0.0}
+        for gpu_type in self.space.types:
+            hosts = self.space.hosts_of_type[gpu_type]
+            tfree = tuple(free[h] for h in hosts)
+            if not any(tfree):
+                continue
+            room = tuple(h for h, f in zip(hosts, tfree) if f)
+            table = self._type_table(gpu_type, tfree, m, rc, budget,
+                                     self.type_crossing(room, m))
+            merged = dict(combined)
+            for (r, n1, n0), v in combined.items():
+                for ends in range(3):
+                    if table[ends] == neg:
+                        continue
+                    k = (r + 1, min(3, n1 + (ends == 1)), min(2, n0 + (ends == 0)))
+                    if v + table[ends] > merged.get(k, neg):
+                        merged[k] = v + table[ends]
+            combined = merged
+        best = 0.0
+        for (r, n1, n0), v in combined.items():
+            if r == 0 or (r == 1 and n0 <= int(entry_free)) or (
+                    r >= 2 and n0 == 0 and n1 <= 1 + int(entry_free)):
                 best = max(best, v)
         self._knap[key] = best
         return best
@@ -567,29 +785,64 @@ class Bounds:
         # The first stage after the prefix may share its last stage's host (or take part
         # of a spread stage's data locally) and then enters without a full crossing.
         entry_free = len(last.hosts) > 1 or any(free[h] for h in last.hosts)
+        entry_type_free = any(t == last.gpu_type for t, _ in pool_types)
+        # Closed, the prefix's last stage is the pipeline's last: it computes the head and
+        # the loss (and holds the logits). Extended, some stage still to build does.
+        closing = self.profile(last, m, rc, n - 1, n, n == 1, True)
         status = [False, False]
         for k, closed in enumerate((True, False)):
             if not closed and not math.isfinite(exit_):
                 break
-            fixed = base if closed else base + exit_
+            if closed:
+                if closing is None or closing.cap < 1:
+                    continue
+                profs = profiles[:-1] + [closing]
+                fixed = base + closing.b - profiles[-1].b
+            else:
+                profs = profiles
+                fixed = base + exit_ + self.pool_last_fixed(pool_types, m, rc)
             room = target - fixed
             if room <= 0:
                 continue
             c_out = trans + [0.0 if closed else exit_]
-            gam = [p.b + ci + co for p, ci, co in zip(profiles, c_in, c_out)]
-            slope = [(m - 1) * p.a + p.d for p in profiles]
+            gam = [p.b + ci + co for p, ci, co in zip(profs, c_in, c_out)]
+            slope = [(m - 1) * p.a + p.d for p in profs]
             # A stage's term (M-1) u_i + (its all-reduce) is slope_i n_i + icpt_i; the
             # all-reduce of its embedding or head adds to the intercept.
-            icpt = [(m - 1) * g + p.d0 for g, p in zip(gam, profiles)]
+            icpt = [(m - 1) * g + p.d0 for g, p in zip(gam, profs)]
             grid = [room * k / self.GRID for k in range(self.GRID + 1)]
             for lo, hi in zip(grid, grid[1:]):
-                fill = self._fill(profiles, icpt, slope, hi, m, rc,
+                fill = self._fill(profs, icpt, slope, hi, m, rc,
                                   None if closed else (pool_types, pool_a, target, free,
-                                                       entry_free))
+                                                       entry_free, entry_type_free))
                 if lo + fill < room:
                     status[k] = True
                     break
         return status[0], status[1], False
+
+    def root_alive(self, m: int, rc: str, target: float) -> bool:
+        """Whether some plan of the whole space may beat ``target`` under (M, recompute):
+        the pool bound of ``prefix_status`` with every GPU free and no prefix (the first
+        stage is entered from nowhere). A bound for every plan at once, for certificates
+        whose subtrees were not all bounded in time."""
+        free = self.space.capacity
+        pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
+                      for t in self.space.types]
+        pool_types = [(t, g) for t, g in pool_types if any(g)]
+        fixed = self.fixed + self.pool_last_fixed(pool_types, m, rc)
+        room = target - fixed
+        if room <= 0:
+            return False
+        pool_a = self.pool_min_layer_time(pool_types, m, rc)
+        grid = [room * k / self.GRID for k in range(self.GRID + 1)]
+        for lo, hi in zip(grid, grid[1:]):
+            # (Without the host-level pool capacity: over the whole cluster its tables
+            # cost more than a certificate's grace allows.)
+            fill = self._fill([], [], [], hi, m, rc,
+                              (pool_types, pool_a, target, free, None, True))
+            if lo + fill < room:
+                return True
+        return False
 
     def _fill(self, profiles: list[StageProfile], icpt: list[float], slope: list[float],
               tau: float, m: int, rc: str, pool) -> float:
@@ -607,25 +860,124 @@ class Bounds:
         extra = 0.0
         pool_a = math.inf
         if pool is not None:
-            pool_types, pool_a, target, free, entry_free = pool
+            pool_types, pool_a, target, free, entry_free, entry_type_free = pool
             # The knapsack table is cached on grid points of the target; use the next one up.
             key_tau = target * math.ceil(tau / target * self.GRID) / self.GRID
             extra = sum(self.knapsack(t, g, m, rc, key_tau) for t, g in pool_types)
-            if extra + sum(caps) >= L:
-                # Only then is the finer, crossing-aware capacity worth its cost.
+            # Only while the layers still fit are the finer, crossing-aware capacities
+            # worth their cost; each is an upper bound, so the least of them is one.
+            if extra + sum(caps) >= L and len(pool_types) > 1:
+                extra = min(extra, self.type_capacity(free, m, rc, key_tau,
+                                                      entry_type_free))
+            if extra + sum(caps) >= L and entry_free is not None:
                 extra = min(extra, self.pool_capacity(free, m, rc, key_tau, entry_free))
         if sum(caps) + extra < L:
             return math.inf
-        total = sum(a for a, _ in items)
-        left = L - len(items)
-        merged = sorted([(a, cap - 1) for a, cap in items] + [(pool_a, extra)])
-        for a, room in merged:
-            take = min(left, room)
-            total += a * take
-            left -= take
-            if left <= 0:
-                break
-        return total
+
+        def greedy(pool_cost: float) -> float:
+            total = sum(a for a, _ in items)
+            left = L - len(items)
+            merged = sorted([(a, cap - 1) for a, cap in items] + [(pool_cost, extra)])
+            for a, room in merged:
+                take = min(left, room)
+                total += a * take
+                left -= take
+                if left <= 0:
+                    break
+            return total
+
+        if pool is None or extra <= 0:
+            return greedy(pool_a)
+        # Each pool layer costs the per-layer time of the stage shape holding it, and a
+        # shape holding layers at a fast per-layer time takes many GPUs for the few
+        # layers the threshold lets it hold. Lagrangian relaxation of the GPU budget G:
+        # a stage of shape s (w_s GPUs, at most cap_s layers) holding x layers uses at
+        # least x w_s / cap_s GPUs, so for every mu >= 0 the fill is at least the greedy
+        # with pool layers at min_s (a_s + mu w_s / cap_s), less mu G. Any mu gives a
+        # bound; the function is concave and piecewise linear, so its maximum lies at a
+        # kink: where two shapes' lines cross or one crosses a prefix stage's a_i.
+        lines = self._pool_lines(pool_types, m, rc, key_tau)
+        if not lines:
+            return greedy(pool_a)
+        gpus = sum(sum(g) for _, g in pool_types)
+        mus = {0.0}
+        for i, (a1, c1) in enumerate(lines):
+            for a2, c2 in lines[i + 1:]:
+                if c1 != c2:
+                    mu = (a2 - a1) / (c1 - c2)
+                    if mu > 0:
+                        mus.add(mu)
+            for a, _ in items:
+                if c1 > 0 and a > a1:
+                    mus.add((a - a1) / c1)
+        best = -math.inf
+        for mu in mus:
+            best = max(best, greedy(min(a + mu * c for a, c in lines)) - mu * gpus)
+        # mu = 0 prices pool layers at the least a_s, never below pool_a's figure.
+        return best
+
+    def _pool_lines(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int, rc: str,
+                    budget: float) -> list[tuple[float, float]]:
+        """(a_s, w_s / cap_s) of every stage shape the free GPUs could form that holds a
+        layer under the threshold ``budget``, without the dominated ones (another shape
+        no worse on both), by increasing ``a_s``."""
+        key = ("lines", tuple(pool_types), m, rc, budget)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        raw = []
+        for gpu_type, free in pool_types:
+            hosts = self.space.hosts_of_type[gpu_type]
+            for tp in self.space.tp_options[gpu_type]:
+                ok = [i for i, h in enumerate(hosts)
+                      if self.cm.cluster.hosts[h].num_gpus % tp == 0]
+                blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
+                for dp in range(1, sum(blocks) + 1):
+                    shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                    if shape is None:
+                        continue
+                    d = self._shape_dp(gpu_type, tp, dp, blocks)
+                    cap = self._capacity(shape[0], shape[1], d, shape[2], budget, m)
+                    if cap > 0:
+                        raw.append((shape[0], tp * dp / cap))
+        raw.sort()
+        out: list[tuple[float, float]] = []
+        for a, c in raw:
+            if not out or c < out[-1][1]:
+                out.append((a, c))
+        self._knap[key] = out
+        return out
+
+    def pool_last_fixed(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
+                        rc: str) -> float:
+        """Least fixed time per micro-batch (its ``b`` plus the head and loss) of any stage
+        the free GPUs could form as the pipeline's last stage: an extension's last stage
+        is built from them, and its work enters the pipeline's fill."""
+        key = ("last_fixed", tuple(pool_types), m, rc)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        best = math.inf
+        seq = self.batch / m
+        for gpu_type, free in pool_types:
+            hosts = self.space.hosts_of_type[gpu_type]
+            for tp in self.space.tp_options[gpu_type]:
+                blocks = sum(f // tp for f, h in zip(free, hosts)
+                             if self.cm.cluster.hosts[h].num_gpus % tp == 0)
+                for dp in range(1, blocks + 1):
+                    if (self.batch // m) % dp:
+                        continue
+                    for h in self.space.eligible_hosts(gpu_type, tp):
+                        perf = self.cm.host_perf(h)
+                        if perf is None:
+                            continue
+                        work = self.cm.stage_work(perf, seq / dp, tp, 1, False, True, rc).total
+                        layer = self.cm.stage_work(perf, seq / dp, tp, 2, False, True, rc).total
+                        # work(1) - (work(2) - work(1)): the stage's part that no layer pays
+                        best = min(best, 2.0 * work - layer)
+        out = best if math.isfinite(best) else 0.0
+        self._profiles[key] = out
+        return out
 
     def pool_min_layer_time(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
                             rc: str) -> float:

@@ -40,7 +40,7 @@ from hetpar.solvers.space import PlanSpace, StageChoice, SymmetryCheck
 
 __all__ = ["Problem", "TaskResult", "SearchExecutor", "InlineExecutor", "Incumbent",
            "search_subtree", "best_split", "root_tasks", "Task", "estimate_space_size",
-           "prefix_lower_bound", "make_bounds"]
+           "prefix_lower_bound", "root_lower_bound", "make_bounds"]
 
 
 @dataclass(frozen=True)
@@ -379,7 +379,9 @@ def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: i
     def cost(tau: float) -> float:
         caps = [min(mem[i], (tau - icpt[i]) / slope[i]) if slope[i] > 0 else mem[i]
                 for i in range(p)]
-        if min(caps) < 1 or sum(caps) < L:
+        # With a tolerance: at tau = hi, (tau - icpt) / slope is L up to rounding, and a
+        # cap of 1.9999999 for 2 layers must not make a feasible split look infeasible.
+        if min(caps) < 1 - 1e-9 or sum(caps) < L * (1 - 1e-12) - 1e-9:
             return math.inf
         total = sum(a)
         left = L - p
@@ -601,14 +603,19 @@ def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[
         upper = 1.0
         while time.perf_counter() < until and not alive(upper) and upper < 1e9:
             upper *= 2
-        if time.perf_counter() >= until:
-            return 0.0
-    if time.perf_counter() >= until:
+    return _bisect_bound(alive, upper, steps, until)
+
+
+def _bisect_bound(alive: Callable[[float], bool], upper: float, steps: int,
+                  until: float) -> float:
+    """The least target ``alive`` (monotone: no plan below a dead target) admits, within
+    ``upper * 2**-steps``; past ``until`` the bracket's lower end (0 at worst)."""
+    if not math.isfinite(upper) or time.perf_counter() >= until:
         return 0.0
     if not alive(upper):
         return upper
     lo, hi = 0.0, upper
-    for _ in range(steps):  # a bound within 2**-16 of the incumbent is plenty
+    for _ in range(steps):
         if time.perf_counter() >= until:
             break
         mid = (lo + hi) / 2
@@ -617,3 +624,16 @@ def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[
         else:
             lo = mid
     return lo
+
+
+def root_lower_bound(bounds: Bounds, searcher_combos: Callable, upper: float, steps: int = 12,
+                     until: float = math.inf) -> float:
+    """The least iteration time any plan of the space may have (bisection on
+    ``Bounds.root_alive``, monotone in its target); past ``until`` the bracket's lower end
+    as it stands (0 at worst)."""
+    combos = searcher_combos(())
+
+    def alive(target: float) -> bool:
+        return any(bounds.root_alive(m, rc, target) for m, rc in combos)
+
+    return _bisect_bound(alive, upper, steps, until)

@@ -1,0 +1,138 @@
+"""The exact search's bounds never exceed the cost model's value of any plan they cover.
+
+On random small instances every plan of the space is enumerated (or a random sample of
+them) and scored with the cost model; each bound that covers the plan (the pool bound of
+every proper prefix, the closed bound of the whole pipeline, the bound of the whole space)
+must then report it may reach a target just above the plan's value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hetpar.cluster import parse_cluster
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.solvers.brute import compositions, skeletons
+from hetpar.solvers.exact import Problem, make_bounds
+from hetpar.solvers.space import PlanSpace
+from hetpar.workload import parse_model, parse_training
+from tests.test_solvers import GPU_TYPES, tiny_instance
+
+
+def small_instance(seed: int):
+    """Up to 4 hosts on one or two switches (uplinks of different speeds), 2 GPU types,
+    <= 8 GPUs, a model whose head is heavy next to its layers."""
+    rng = np.random.default_rng(10_000 + seed)
+    types = rng.choice(GPU_TYPES, 2, replace=False)
+    n_hosts = int(rng.integers(2, 5))
+    hosts = []
+    for i in range(n_hosts):
+        gpu = str(types[i % 2] if i < 2 else types[rng.integers(2)])
+        host = {"name": f"h{i}", "gpu": gpu, "gpus": int(rng.choice([1, 2, 2, 4])),
+                "nic_gbps": float(rng.choice([5, 10, 25, 100, 400]))}
+        if rng.random() < 0.3:
+            mean = float(rng.uniform(0.3, 0.9)) * host["nic_gbps"]
+            host["uplink"] = {"bandwidth": {"kind": "lognormal", "mean_gbps": mean,
+                                            "cv": float(rng.uniform(0.1, 0.5))}}
+        hosts.append(host)
+    while sum(h["gpus"] for h in hosts) > 8:
+        big = max(hosts, key=lambda h: h["gpus"])
+        big["gpus"] //= 2
+    if rng.random() < 0.5:
+        topology = {"kind": "leaf_spine", "hosts_per_leaf": 2, "spines": 1,
+                    "uplink_gbps": float(rng.choice([10, 100]))}
+    else:
+        topology = {"kind": "single_switch"}
+    cluster = parse_cluster({"hosts": hosts, "topology": topology})
+    layers = int(rng.integers(2, 7))
+    hidden = int(rng.choice([512, 1024, 2048]))
+    model = parse_model({"name": "small", "layers": layers, "hidden": hidden, "heads": 16,
+                         "vocab": int(rng.choice([8000, 50000])), "seq_len": 1024})
+    modes = ["none", "selective", "full"]
+    training = parse_training({"global_batch": int(rng.choice([2, 4, 8, 16])),
+                               "recompute": list(rng.choice(modes, int(rng.integers(1, 3)),
+                                                            replace=False)),
+                               "zero": [0, 1] if rng.random() < 0.5 else [0]})
+    objective = str(rng.choice(["mean", "p90", "cvar0.9"]))
+    return cluster, model, training, objective
+
+
+def _check_bounds(cluster, model, training, objective, seed, budget=1500):
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    obj = Objective.parse(objective)
+    bounds = make_bounds(Problem(cm, space, obj))
+    zero = max(space.zero_stages)
+    rng = np.random.default_rng(seed)
+    plans = []
+    for stages in skeletons(space, cm.model.layers):
+        for split in compositions(cm.model.layers, len(stages)):
+            for m in space.micro_batch_options([s.dp for s in stages]):
+                for rc in space.recompute_modes:
+                    plans.append((stages, split, m, rc))
+    if len(plans) > budget:
+        plans = [plans[i] for i in rng.choice(len(plans), budget, replace=False)]
+    checked = 0
+    for stages, split, m, rc in plans:
+        plan = space.to_plan(stages, split, m, rc, zero)
+        core = cm.core(plan)
+        if not core.feasible:
+            continue
+        value = obj(core.total)
+        # A relative slack for rounding only: a bound above the value is a bug.
+        target = value * (1 + 1e-9) + 1e-12
+        checked += 1
+        assert bounds.root_alive(m, rc, target), (stages, split, m, rc, value)
+        free = space.capacity
+        for k, st in enumerate(stages, start=1):
+            free = space.take(free, st)
+            closed, opened, _ = bounds.prefix_status(tuple(stages[:k]), free, m, rc, target)
+            if k < len(stages):
+                assert opened, (k, stages, split, m, rc, value)
+            else:
+                assert closed, (stages, split, m, rc, value)
+    return checked
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bounds_never_exceed_a_tiny_plan(seed):
+    cluster, model, training, objective = tiny_instance(seed)
+    _check_bounds(cluster, model, training, objective, seed)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bounds_never_exceed_a_small_plan(seed):
+    cluster, model, training, objective = small_instance(seed)
+    _check_bounds(cluster, model, training, objective, seed)
+
+
+def test_crossing_terms_are_below_the_cost_models_transfers():
+    """The per-side crossing charges are at most the boundary time the cost model gives
+    a micro-batch that leaves a host for another host or type."""
+    for seed in range(20):
+        cluster, model, training, objective = small_instance(seed)
+        cm = CostModel(cluster, model, training, samples=4, seed=seed)
+        space = PlanSpace(cluster, cm.model, training)
+        bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+        skel = [s for s in skeletons(space, 2) if len(s) == 2]
+        for a, b in skel[:200]:
+            for m in space.micro_batch_options([a.dp, b.dp]):
+                real = bounds.boundary(a, b, m)
+                if set(a.hosts).isdisjoint(b.hosts):
+                    # Whole micro-batches leave a's hosts and enter b's.
+                    assert bounds.type_crossing(tuple(b.hosts), m) <= real * (1 + 1e-9)
+                    assert bounds.type_crossing(tuple(a.hosts), m) <= real * (1 + 1e-9)
+                    if len(a.hosts) == 1 and len(b.hosts) == 1:
+                        assert bounds.crossing_time(a.hosts[0], m) <= real * (1 + 1e-9)
+                if len(a.hosts) == 1 and len(b.hosts) > 1 and b.gpu_type == a.gpu_type \
+                        and math.isfinite(real):
+                    tp_blocks = tuple(sorted((space.capacity[h] // b.tp
+                                              for h in space.hosts_of_type[b.gpu_type]
+                                              if cluster.hosts[h].num_gpus % b.tp == 0),
+                                             reverse=True))
+                    y = bounds.spread_crossing(b.gpu_type, b.dp, tp_blocks, m)
+                    assert y <= real * (1 + 1e-9)

@@ -334,3 +334,14 @@ def test_render_modes():
     env.reset(seed=0)
     img = env.render()
     assert img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 and img.std() > 0
+
+
+def test_training_pool_defaults_to_256_and_may_be_larger():
+    from hetpar.envs.sources import DEFAULT_POOL
+
+    assert PlanBuilderEnv("train-small").source.count == DEFAULT_POOL
+    # An explicit pool larger than the default is honoured, not capped at it.
+    assert PlanBuilderEnv("train-small", instances=768).source.count == 768
+    assert PlanBuilderEnv("tiny", instances=5).source.count == 5
+    with pytest.raises(ConfigError, match="instances"):
+        PlanBuilderEnv("tiny", instances=0)

@@ -17,6 +17,7 @@ __all__ = ["InstanceSource", "as_source", "DEFAULT_POOL"]
 # per-instance cache, so each instance's tables (cost model, feasibility memo) are built
 # once and reused: episodes on known instances run several times faster.
 DEFAULT_POOL = 256
+_UNBOUNDED = 2**31  # a generated family's index range (as Suite.instance)
 
 
 @dataclass
@@ -71,7 +72,9 @@ def as_source(suite: Any, instances: int | None = None) -> InstanceSource:
                                               f"instances, got {type(suite).__name__}")
     size = getattr(suite, "size", None)
     fixed = getattr(suite, "fixed", None) is not None  # an explicit list, not a family
-    count = _count(min(size, DEFAULT_POOL) if size is not None else DEFAULT_POOL, instances)
+    limit = size if size is not None else _UNBOUNDED
+    # DEFAULT_POOL is the default only: an explicit ``instances`` may ask for more.
+    count = min(limit, DEFAULT_POOL) if instances is None else _count(limit, instances)
     return InstanceSource(str(getattr(suite, "name", "<suite>")), int(suite.max_hosts), count,
                           suite.instance, fixed)
 

@@ -75,6 +75,10 @@ def test_expert_cache_for_other_settings_or_garbage_is_refused(tmp_path: Path) -
     expert_plans("tiny", range(1), objective="mean", samples=8, cfg=METIS, cache=cache)
     with pytest.raises(ConfigError, match="expert plans for another setting"):
         expert_plans("tiny", range(1), objective="p90", samples=8, cfg=METIS, cache=cache)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")  # e.g. created by a run killed at once: used as a new cache
+    expert_plans("tiny", range(1), objective="mean", samples=8, cfg=METIS, cache=empty)
+    assert "expert_cache" in json.loads(empty.read_text().splitlines()[0])
     junk = tmp_path / "junk.jsonl"
     junk.write_text("hello\n")
     with pytest.raises(ConfigError, match="not a hetpar expert-plan cache"):
@@ -160,7 +164,7 @@ def test_imitation_config_section() -> None:
         parse_train_config({**base, "imitation": {"holdout": 1.5}}, "x")
     with pytest.raises(ConfigError, match=r"total_timesteps"):  # PPO-only runs need steps
         parse_train_config({"suite": "tiny", "total_timesteps": 0}, "x")
-    assert load_train_config("imitation").imitation is not None
+    assert load_train_config("default").imitation is not None
 
 
 def test_train_with_imitation_only(tmp_path: Path) -> None:

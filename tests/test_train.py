@@ -37,9 +37,11 @@ def _ci_config(timesteps: int):
 
 
 def test_bundled_configs_parse() -> None:
-    for name in ("tiny", "default", "imitation"):
+    for name in ("tiny", "default"):
         cfg = load_train_config(name)
-        assert cfg.total_timesteps > 0 and cfg.env["max_hosts"] >= 4
+        # PPO steps, or cloning alone (the shipped policy's config).
+        assert cfg.total_timesteps > 0 or cfg.imitation is not None
+        assert cfg.env["max_hosts"] >= 4
     assert resolve_train_config_path("configs/train/tiny.yaml").is_file()
     default = load_train_config("default")
     assert default.suite == "train-small" and default.env["max_hosts"] >= 16

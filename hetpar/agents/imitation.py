@@ -110,27 +110,26 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
 
     key = _cache_key(suite, objective, samples, cfg)
     done: dict[int, dict[str, Any]] = {}
-    if cache.is_file():
-        lines = cache.read_text().splitlines()
-        if lines:
+    lines = cache.read_text().splitlines() if cache.is_file() else []
+    if lines:
+        try:
+            header = json.loads(lines[0]).get("expert_cache")
+        except (json.JSONDecodeError, AttributeError):
+            header = None
+        if header is None:
+            raise ConfigError(str(cache), "", "not a hetpar expert-plan cache")
+        if header != key:
+            raise ConfigError(str(cache), "", f"expert plans for another setting "
+                                              f"({header}); expected {key}")
+        for n, line in enumerate(lines[1:], start=2):
             try:
-                header = json.loads(lines[0]).get("expert_cache")
-            except (json.JSONDecodeError, AttributeError):
-                header = None
-            if header is None:
-                raise ConfigError(str(cache), "", "not a hetpar expert-plan cache")
-            if header != key:
-                raise ConfigError(str(cache), "", f"expert plans for another setting "
-                                                  f"({header}); expected {key}")
-            for n, line in enumerate(lines[1:], start=2):
-                try:
-                    row = json.loads(line)
-                    done[int(row["index"])] = row
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    # A line cut short by an interrupted run: recomputed below.
-                    if log:
-                        log(f"{cache}:{n}: unreadable line skipped")
-    else:
+                row = json.loads(line)
+                done[int(row["index"])] = row
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                # A line cut short by an interrupted run: recomputed below.
+                if log:
+                    log(f"{cache}:{n}: unreadable line skipped")
+    else:  # a new (or empty) cache starts with what its plans are for
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"expert_cache": key}) + "\n")
     wanted = list(dict.fromkeys(int(i) for i in indices))

@@ -136,3 +136,57 @@ def test_crossing_terms_are_below_the_cost_models_transfers():
                                              reverse=True))
                     y = bounds.spread_crossing(b.gpu_type, b.dp, tp_blocks, m)
                     assert y <= real * (1 + 1e-9)
+
+
+def _phase_floor(obj: Objective, samples: np.ndarray) -> float:
+    """What a bound may use of a per-sample term: its mean (mean, CVaR) or least value."""
+    return float(samples.min() if obj.kind == "quantile" else samples.mean())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_tied_and_spread_floors_are_below_the_data_parallel_phase(seed):
+    """The floors under the data-parallel phase (the tied embedding's exchange between
+    the first and the last stage, closed or in every case of an extension, and the spread
+    stages' shared uplinks) never exceed the phase the cost model gives the plan."""
+    cluster, model, training, objective = small_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    obj = Objective.parse(objective)
+    bounds = make_bounds(Problem(cm, space, obj))
+    zero = max(space.zero_stages)
+    rng = np.random.default_rng(seed)
+    skel = [s for s in skeletons(space, cm.model.layers) if len(s) >= 2]
+    if len(skel) > 300:
+        skel = [skel[i] for i in rng.choice(len(skel), 300, replace=False)]
+    checked = 0
+    for stages in skel:
+        splits = list(compositions(cm.model.layers, len(stages)))
+        split = splits[int(rng.integers(len(splits)))]
+        ms = space.micro_batch_options([s.dp for s in stages])
+        if not ms:
+            continue
+        plan = space.to_plan(stages, split, ms[-1], space.recompute_modes[0], zero)
+        dp = _phase_floor(obj, np.asarray(cm.core(plan).dp_time, dtype=float)
+                          * np.ones(cm.num_samples))
+        slack = dp * (1 + 1e-9) + 1e-12
+        assert bounds.tied_closed(stages[0], stages[-1]) <= slack, (stages, dp)
+        free = space.capacity
+        for k in range(1, len(stages)):
+            free = space.take(free, stages[k - 1])
+            last = stages[-1]
+            covered = []
+            for floor, last_hosts in bounds.tied_open(stages[0], free):
+                if last_hosts is None:
+                    holds = set(last.hosts).isdisjoint(stages[0].hosts)
+                else:
+                    holds = not set(last.hosts).isdisjoint(last_hosts)
+                if holds:
+                    covered.append(floor)
+            assert covered and min(covered) <= slack, (k, stages, dp, covered)
+            for t in space.types:
+                spread = sum(n for st, n in zip(stages[k:], split[k:])
+                             if st.gpu_type == t and len(st.hosts) >= 2)
+                tfree = tuple(free[h] for h in space.hosts_of_type[t])
+                assert bounds.spread_share(t, tfree) * spread <= slack, (k, stages, t)
+        checked += 1
+    assert checked > 0

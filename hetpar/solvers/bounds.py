@@ -226,8 +226,13 @@ class Bounds:
         self._profiles[key] = best
         return best
 
-    def _capacity(self, a: float, b: float, d: float, cap: int, budget: float, m: int) -> int:
-        """Most layers a stage can hold while the iteration stays under the budget."""
+    def _capacity(self, a: float, b: float, d: float, cap: int, budget: float, m: int,
+                  floor: float = 0.0) -> int:
+        """Most layers a stage can hold while the iteration stays under the budget.
+
+        ``floor``: a lower bound of the whole data-parallel phase that holds whatever the
+        stage's own all-reduce (``tied_floor``): the stage's term is then
+        ``(M-1)(a n + b) + max(d n, floor)``, and both parts must fit."""
         room = budget - (m - 1) * b
         if room <= 0:
             return 0
@@ -235,17 +240,23 @@ class Bounds:
             return max(0, min(cap, self.layers))
         slope = (m - 1) * a + d
         by_time = self.layers if slope <= 0 else int(math.floor(room / slope * (1 + 1e-12)))
+        if floor > 0:
+            if room - floor <= 0:
+                return 0
+            if a > 0 and m > 1:
+                by_time = min(by_time, math.floor((room - floor) / ((m - 1) * a)
+                                                  * (1 + 1e-12)))
         return max(0, min(cap, by_time))
 
     def knapsack(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
-                 budget: float) -> int:
+                 budget: float, floor: float = 0.0) -> int:
         """Most layers stages built from the free GPUs of a type (``free``: per host of the
         type) can hold under a threshold ``budget`` on ``(M-1)(a n + b) + d n``. Relaxed:
         stages only compete for the type's GPU count, and each stage's all-reduce is
         bounded from the fewest hosts that have room for its replicas."""
         if len(self._knap) > 200_000:
             self._knap.clear()
-        key = (gpu_type, free, m, rc, budget)
+        key = (gpu_type, free, m, rc, budget, floor)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
@@ -260,7 +271,7 @@ class Bounds:
                 if shape is None:
                     continue
                 d = self._shape_dp(gpu_type, tp, dp, blocks)
-                value = self._capacity(shape[0], shape[1], d, shape[2], budget, m)
+                value = self._capacity(shape[0], shape[1], d, shape[2], budget, m, floor)
                 if value > 0:
                     items.append((tp * dp, value))
         best = [0] * (total + 1)
@@ -388,11 +399,11 @@ class Bounds:
         return out
 
     def _run_table(self, host: int, free: int, m: int, rc: str, budget: float,
-                   ) -> list[list[float]]:
+                   floor: float = 0.0) -> list[list[float]]:
         """``R[g][e]``: most layers a run of consecutive stages on ``host`` alone can hold
         under the threshold with at most ``g`` of its free GPUs, when ``e`` of its ends
         (0, 1 or 2; on one stage or two) cross to another host; -inf without a run."""
-        key = ("run", host, free, m, rc, budget)
+        key = ("run", host, free, m, rc, budget, floor)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
@@ -410,7 +421,7 @@ class Bounds:
                 d = self._shape_dp(gpu_type, tp, dp, (free // tp,))
                 for ends in (0, 1, 2):
                     value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                           budget, m)
+                                           budget, m, floor)
                     if value > 0:  # a stage holds at least one layer
                         items.append((tp * dp, ends, value))
         items = _dedupe(items)
@@ -436,7 +447,7 @@ class Bounds:
         return out
 
     def _multi_table(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
-                     budget: float, most: int) -> list[list[float]]:
+                     budget: float, most: int, floor: float = 0.0) -> list[list[float]]:
         """``X[g][c]``: most layers stages of the type spread over two or more hosts
         (their all-reduce crosses hosts) can hold under the threshold with ``g`` GPUs,
         when they make up at most ``c`` spread runs (maximal sequences of consecutive
@@ -447,7 +458,7 @@ class Bounds:
         on its own sides at least ``spread_crossing`` each: ``q`` runs have at least
         ``2 q - 2`` sides in all, so ``x`` spread stages with ``e`` paid sides make at
         most ``min(x, e // 2 + 1)`` runs. (Counted per type, which only adds runs.)"""
-        key = ("multi", gpu_type, free, m, rc, budget, most)
+        key = ("multi", gpu_type, free, m, rc, budget, most, floor)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
@@ -467,7 +478,7 @@ class Bounds:
                 cross = self.spread_crossing(gpu_type, dp, blocks, m)
                 for ends in (0, 1, 2):
                     value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                           budget, m)
+                                           budget, m, floor)
                     if value > 0:
                         items.append((tp * dp, ends, value))
         items = _dedupe(items)
@@ -498,8 +509,72 @@ class Bounds:
         self._knap[key] = out
         return out
 
+    def spread_share(self, gpu_type: str, free: tuple[int, ...]) -> float:
+        """Least seconds of the data-parallel phase per layer held by stages of the type
+        spread over two or more of its hosts with room (``free``: GPUs per host of the
+        type).
+
+        A ring over ``n >= 2`` hosts sends ``2 (n-1) / n`` of a layer's gradient out of
+        each of them, at least twice the gradient in all, and every byte leaves its host
+        on one of the first-hop channels out of these hosts: all the spread stages' rings
+        share them, so the phase is at least their summed bytes over those channels'
+        summed bandwidth (the most loaded channel carries at least its share)."""
+        hosts = tuple(h for h, f in zip(self.space.hosts_of_type[gpu_type], free) if f)
+        key = ("spread_share", hosts)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        routes = self.cm.cluster.routes
+        n_all = len(self.cm.cluster.hosts)
+        chans = sorted({routes[h][x][0] for h in hosts for x in range(n_all)
+                        if x != h and routes[h][x]})
+        out = 0.0
+        if len(hosts) >= 2 and chans:
+            rate = (1.0 / self.cm.inv_bw[:, chans]).sum(axis=1)  # bytes/s per sample
+            out = 2.0 * self.layer_grad * float(self.reduce(1.0 / rate))
+        self._profiles[key] = out
+        return out
+
+    def _spread_limited(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                        budget: float, most: int, floor: float) -> list[list[float]]:
+        """``_multi_table`` with the spread stages' layers ``X`` in all limited by their
+        shared uplinks (``spread_share``: the data-parallel phase is at least
+        ``kappa X``, a floor under every spread stage's term). The table under the floor
+        ``kappa X`` only shrinks as ``X`` grows, so the ``X`` it admits form a range
+        ``[0, X*]``; every entry is capped at ``X*``."""
+        multi = self._multi_table(gpu_type, free, m, rc, budget, most, floor)
+        total = sum(free)
+        top = max(multi[total])
+        kappa = self.spread_share(gpu_type, free)
+        if top <= 0 or kappa <= 0:
+            return multi
+        key = ("spread_limited", gpu_type, free, m, rc, budget, most, floor)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+
+        def admits(x: int) -> bool:
+            table = self._multi_table(gpu_type, free, m, rc, budget, most,
+                                      max(floor, kappa * x))
+            return max(table[total]) >= x
+
+        lo, hi = 0, int(min(top, self.layers))  # admits(0) holds; find the largest x
+        if admits(hi):
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if admits(mid):
+                lo = mid
+            else:
+                hi = mid
+        out = multi if lo >= top else [[min(v, float(lo)) for v in row] for row in multi]
+        self._knap[key] = out
+        return out
+
     def pool_capacity(self, free: tuple[int, ...], m: int, rc: str, budget: float,
-                      entry_free: bool) -> float:
+                      entry_free: bool, floor: float = 0.0,
+                      last_hosts: frozenset[int] | None = None,
+                      entry_hosts: frozenset[int] | None = None) -> float:
         """Most layers the stages still to be built from the ``free`` GPUs can hold under
         a threshold ``budget`` on ``(M-1)(a n + b + crossings) + d n``, counting the
         transfers between hosts that their order forces.
@@ -511,86 +586,115 @@ class Bounds:
         the prefix's last stage (``entry_free``), and a run of stages spread over several
         hosts may sit between two runs and spare their sides (it pays its own sides,
         ``_multi_table``). A crossing costs its end stage of the run at least
-        ``crossing_time`` of that run's host in its cycle."""
+        ``crossing_time`` of that run's host in its cycle.
+
+        ``last_hosts``: the pipeline's last stage lies on one of these hosts (``tied_floor``
+        splits the search into that case and its complement). Unless a spread run may
+        hold the last stage, the run left unleft is then on one of them, so the runs on
+        other hosts miss at most the free entry's side (``deficit``: the sides they do not
+        pay, two per run less what they pay). ``entry_hosts``: the first stage after the
+        prefix lies on one of these hosts (the continuation), so the runs on other hosts
+        miss at most the last run's side; and when the continuation and the last stage
+        share one single host and other runs exist, that host's runs are two (one left,
+        one entered): no side goes unpaid. ``floor`` as in ``_capacity``."""
         if len(self._knap) > 200_000:
             self._knap.clear()
-        key = ("pool", free, m, rc, budget, entry_free)
+        key = ("pool", free, m, rc, budget, entry_free, floor, last_hosts, entry_hosts)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
         n_hosts = sum(1 for f in free if f)
         most_x = max(1, n_hosts)  # more spread stages than runs absorb nothing more
         neg = -math.inf
-        # combined[(runs, ends, spread runs, some run pays no side)] -> most layers, over
-        # the types so far. A run that pays no side is the only segment, or has a spread
-        # run beside it: with two or more runs and no spread run, every run pays a side.
-        combined: dict[tuple[int, int, int, int], float] = {(0, 0, 0, 0): 0.0}
+        # combined[(runs, ends, spread runs, some run pays no side, deficit of the runs
+        # off last_hosts, deficit of the runs off entry_hosts)] -> most layers, over the
+        # types so far. A run that pays no side is the only segment, or has a spread run
+        # beside it: with two or more runs and no spread run, every run pays a side.
+        Key = tuple[int, int, int, int, int, int]
+        combined: dict[Key, float] = {(0, 0, 0, 0, 0, 0): 0.0}
         for gpu_type in self.space.types:
             hosts = self.space.hosts_of_type[gpu_type]
             tfree = tuple(free[h] for h in hosts)
             total = sum(tfree)
             if not total:
                 continue
-            multi = self._multi_table(gpu_type, tfree, m, rc, budget, most_x)
+            multi = self._spread_limited(gpu_type, tfree, m, rc, budget, most_x, floor)
             spread = any(v > 0 for v in multi[total][1:])
             # runs[g][(r, e, z)] over the type's hosts, one host after the other. Without
             # a useful spread stage nothing else competes for a host's GPUs: each run
             # takes them all (its table is monotone in them).
             span = total if spread else 0
-            runs: list[dict[tuple[int, int, int], float]] = [dict() for _ in range(span + 1)]
-            runs[0][(0, 0, 0)] = 0.0
+            runs: list[dict[tuple[int, int, int, int, int], float]] = [
+                dict() for _ in range(span + 1)]
+            runs[0][(0, 0, 0, 0, 0)] = 0.0
             used = 0
             for h, f in zip(hosts, tfree):
                 if not f:
                     continue
-                table = self._run_table(h, f, m, rc, budget)
-                nxt: list[dict[tuple[int, int, int], float]] = [dict(d) for d in runs]
+                table = self._run_table(h, f, m, rc, budget, floor)
+                off = last_hosts is not None and h not in last_hosts
+                off_entry = entry_hosts is not None and h not in entry_hosts
+                nxt: list[dict[tuple[int, int, int, int, int], float]] = [
+                    dict(d) for d in runs]
                 sizes = range(1, f + 1) if spread else (f,)
                 for g0 in range(used + 1):
-                    for (r, e, z), v in runs[g0].items():
+                    for (r, e, z, nd, ne), v in runs[g0].items():
                         for g in sizes:
                             for ends in range(3):
                                 val = table[g][ends]
                                 if val == neg:
                                     continue
-                                k = (r + 1, e + ends, z | (ends == 0))
+                                k = (r + 1, e + ends, z | (ends == 0),
+                                     min(3, nd + (2 - ends if off else 0)),
+                                     min(3, ne + (2 - ends if off_entry else 0)))
                                 cell = nxt[g0 + g if spread else 0]
                                 if v + val > cell.get(k, neg):
                                     cell[k] = v + val
                 runs = nxt
                 if spread:
                     used += f
-            per_type: dict[tuple[int, int, int, int], float] = {}
+            per_type: dict[Key, float] = {}
             for g1 in range(span + 1):
                 row = multi[total - g1] if spread else [0.0]
-                for (r, e, z), v in runs[g1].items():
+                for (r, e, z, nd, ne), v in runs[g1].items():
                     for x in range(len(row)):
                         if row[x] == neg:
                             continue
-                        k = (r, e, x, z)
+                        k = (r, e, x, z, nd, ne)
                         if v + row[x] > per_type.get(k, neg):
                             per_type[k] = v + row[x]
-            merged: dict[tuple[int, int, int, int], float] = {}
-            for (r1, e1, x1, z1), v1 in combined.items():
-                for (r2, e2, x2, z2), v2 in per_type.items():
-                    k = (r1 + r2, e1 + e2, min(most_x, x1 + x2), z1 | z2)
+            merged: dict[Key, float] = {}
+            for (r1, e1, x1, z1, d1, n1), v1 in combined.items():
+                for (r2, e2, x2, z2, d2, n2), v2 in per_type.items():
+                    k = (r1 + r2, e1 + e2, min(most_x, x1 + x2), z1 | z2, min(3, d1 + d2),
+                         min(3, n1 + n2))
                     if v1 + v2 > merged.get(k, neg):
                         merged[k] = v1 + v2
             combined = merged
+        # Deficits allowed off last_hosts (only the continuation's side, if it may lie
+        # there) and off entry_hosts (only the last run's side, if it may lie there).
+        off_last = 3 if last_hosts is None else int(
+            entry_free and (entry_hosts is None or not entry_hosts <= last_hosts))
+        off_entry = 3 if entry_hosts is None else int(
+            last_hosts is None or not last_hosts <= entry_hosts)
+        same_one = (entry_hosts is not None and last_hosts is not None
+                    and len(entry_hosts) == 1 and entry_hosts == last_hosts)
         best = 0.0
-        for (r, e, x, z), v in combined.items():
+        for (r, e, x, z, nd, ne), v in combined.items():
             if r == 0 or (e >= 2 * r - 1 - int(entry_free) - 2 * x
-                          and not (z and x == 0 and r >= 2)):
+                          and not (z and x == 0 and r >= 2)
+                          and not (x == 0 and (nd > off_last or ne > off_entry))
+                          and not (x == 0 and same_one and r >= 2 and e < 2 * r)):
                 best = max(best, v)
         self._knap[key] = best
         return best
 
     def _type_table(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
-                    budget: float, cross: float) -> list[float]:
+                    budget: float, cross: float, floor: float = 0.0) -> list[float]:
         """``T[e]``: most layers stages of one type (``free``: GPUs per host of the type)
         can hold under the threshold when ``e`` of their sides (0, 1 or 2) pay ``cross``;
         -inf if none. Stages only compete for the type's GPU count (as ``knapsack``)."""
-        key = ("type", gpu_type, free, m, rc, budget, cross)
+        key = ("type", gpu_type, free, m, rc, budget, cross, floor)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
@@ -607,7 +711,7 @@ class Bounds:
                 d = self._shape_dp(gpu_type, tp, dp, blocks)
                 for ends in (0, 1, 2):
                     value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                           budget, m)
+                                           budget, m, floor)
                     if value > 0:
                         items.append((tp * dp, ends, value))
         items = _dedupe(items)
@@ -631,7 +735,7 @@ class Bounds:
         return out
 
     def type_capacity(self, free: tuple[int, ...], m: int, rc: str, budget: float,
-                      entry_free: bool) -> float:
+                      entry_free: bool, floor: float = 0.0) -> float:
         """Most layers the stages still to be built can hold under the threshold, by GPU
         type: consecutive stages of one type form a type run, entered and left through
         the cut around the type's hosts with room (stages of other types lie outside
@@ -640,7 +744,7 @@ class Bounds:
         prefix's last stage's type (``entry_free``: that type has room)."""
         if len(self._knap) > 200_000:
             self._knap.clear()
-        key = ("types", free, m, rc, budget, entry_free)
+        key = ("types", free, m, rc, budget, entry_free, floor)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
@@ -657,7 +761,7 @@ class Bounds:
                 continue
             room = tuple(h for h, f in zip(hosts, tfree) if f)
             table = self._type_table(gpu_type, tfree, m, rc, budget,
-                                     self.type_crossing(room, m))
+                                     self.type_crossing(room, m), floor)
             merged = dict(combined)
             for (r, n1, n0), v in combined.items():
                 for ends in range(3):
@@ -726,6 +830,69 @@ class Bounds:
         self._profiles[key] = out
         return out
 
+    # ---- the tied embedding's gradient exchange ---------------------------------------
+    def _tied_bytes(self) -> float:
+        """Bytes per replica pair of the embedding gradient that the cost model exchanges
+        between the first and the last stage of a pipeline of two or more stages (tied
+        input and output embeddings); 0 where it exchanges none."""
+        model = self.cm.model
+        if not (self.cm.framework.tied_embedding_sync and model.tied_embeddings):
+            return 0.0
+        return float(model.vocab * model.hidden * self.cm.constants.grad_bytes)
+
+    def _tied_time(self, diff: dict[int, float], nbytes: float) -> float:
+        """Least time of the tied exchange when host ``h`` holds a share ``diff[h]`` more
+        (or less) of the first stage's replicas than of the last's.
+
+        The cost model sends the surplus hosts' shares to the deficit hosts and back, so
+        ``|a_h - b_h| nbytes`` leave and enter host ``h`` through its cut, and every such
+        pair pays its route's latency and a step twice. The phase's time is at least
+        the most loaded host's, whatever else (the stages' own all-reduces) shares it."""
+        bw = lat = 0.0
+        for h, x in diff.items():
+            if x > 1e-12:
+                bw = max(bw, x * nbytes * self.cut_inv((h,)))
+                lat = max(lat, 2.0 * self._least_latency((h,)))
+        return bw + lat
+
+    def tied_closed(self, first: StageChoice, last: StageChoice) -> float:
+        """Least time of the tied exchange of a pipeline with these first and last
+        stages (two or more stages): a floor under its data-parallel phase."""
+        nbytes = self._tied_bytes()
+        if nbytes <= 0:
+            return 0.0
+        key = ("tied", first, last)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        diff: dict[int, float] = {}
+        for h, b in zip(first.hosts, first.blocks):
+            diff[h] = diff.get(h, 0.0) + b / first.dp
+        for h, b in zip(last.hosts, last.blocks):
+            diff[h] = diff.get(h, 0.0) - b / last.dp
+        out = self._tied_time({h: abs(x) for h, x in diff.items()},
+                              nbytes * min(first.dp, last.dp))
+        self._profiles[key] = out
+        return out
+
+    def tied_open(self, first: StageChoice, free: tuple[int, ...],
+                  ) -> list[tuple[float, frozenset[int] | None]]:
+        """Cases covering every extension of a prefix whose first stage is ``first``, each
+        (floor under the data-parallel phase, hosts one of which holds the last stage or
+        None): the last stage (built from ``free``) has no replica on the first's hosts,
+        so their whole shares cross; or it has one on a host of the first with room, and
+        only the shares of the first's full hosts must cross."""
+        nbytes = self._tied_bytes()
+        if nbytes <= 0:
+            return [(0.0, None)]
+        shares = {h: b / first.dp for h, b in zip(first.hosts, first.blocks)}
+        apart = self._tied_time(shares, nbytes)
+        room = frozenset(h for h in first.hosts if free[h])
+        if not room:
+            return [(apart, None)]
+        full = {h: x for h, x in shares.items() if h not in room}
+        return [(apart, None), (self._tied_time(full, nbytes), room)]
+
     # ---- prefixes ---------------------------------------------------------------------
     GRID = 24  # thresholds tried between zero and the target
 
@@ -789,36 +956,85 @@ class Bounds:
         # Closed, the prefix's last stage is the pipeline's last: it computes the head and
         # the loss (and holds the logits). Extended, some stage still to build does.
         closing = self.profile(last, m, rc, n - 1, n, n == 1, True)
-        status = [False, False]
-        for k, closed in enumerate((True, False)):
-            if not closed and not math.isfinite(exit_):
-                break
+        # The tied embedding's exchange between the first and the last stage floors the
+        # data-parallel phase (``tied_closed``, ``tied_open``): closed, it is known; an
+        # extension either ends away from the first stage's hosts or on one with room.
+        tied_c = self.tied_closed(prefix[0], last) if n >= 2 else 0.0
+        last_fixed = self.pool_last_fixed(pool_types, m, rc) if pool_types else 0.0
+
+        def alive(closed: bool, ex: float, e_free: bool, e_hosts: frozenset[int] | None,
+                  floor: float, last_hosts: frozenset[int] | None) -> bool:
+            """The threshold test for the prefix closed, or extended under one case."""
             if closed:
-                if closing is None or closing.cap < 1:
-                    continue
                 profs = profiles[:-1] + [closing]
                 fixed = base + closing.b - profiles[-1].b
             else:
                 profs = profiles
-                fixed = base + exit_ + self.pool_last_fixed(pool_types, m, rc)
+                fixed = base + ex + last_fixed
             room = target - fixed
-            if room <= 0:
-                continue
-            c_out = trans + [0.0 if closed else exit_]
+            if room <= floor:
+                return False  # the data-parallel phase alone leaves no room
+            c_out = trans + [ex]
             gam = [p.b + ci + co for p, ci, co in zip(profs, c_in, c_out)]
             slope = [(m - 1) * p.a + p.d for p in profs]
             # A stage's term (M-1) u_i + (its all-reduce) is slope_i n_i + icpt_i; the
             # all-reduce of its embedding or head adds to the intercept.
             icpt = [(m - 1) * g + p.d0 for g, p in zip(gam, profs)]
-            grid = [room * k / self.GRID for k in range(self.GRID + 1)]
-            for lo, hi in zip(grid, grid[1:]):
-                fill = self._fill(profs, icpt, slope, hi, m, rc,
-                                  None if closed else (pool_types, pool_a, target, free,
-                                                       entry_free, entry_type_free))
-                if lo + fill < room:
-                    status[k] = True
-                    break
-        return status[0], status[1], False
+            grid = [room * j / self.GRID for j in range(self.GRID + 1)]
+            pool = None if closed else (pool_types, pool_a, target, free, e_free,
+                                        entry_type_free)
+            # Whether a threshold admits every layer at all only grows with it (every
+            # capacity does): bisect for the first grid point that does, then scan up.
+            # (Below the floor no stage fits.)
+            first = next((j for j in range(1, self.GRID + 1) if grid[j] > floor), None)
+            if first is None:
+                return False
+
+            def fill(j: int) -> float:
+                return self._fill(profs, icpt, slope, grid[j], m, rc, pool, floor,
+                                  last_hosts, e_hosts)
+
+            lo_j, hi_j = first - 1, self.GRID  # fill(lo_j) inf (or none), fill(hi_j) ?
+            top = fill(hi_j)
+            if not math.isfinite(top):
+                return False
+            while hi_j - lo_j > 1:
+                mid = (lo_j + hi_j) // 2
+                if math.isfinite(fill(mid)):
+                    hi_j = mid
+                else:
+                    lo_j = mid
+            for j in range(hi_j, self.GRID + 1):
+                value = top if j == self.GRID else fill(j)
+                if grid[j - 1] + value < room:
+                    return True
+            return False
+
+        closed_ok = closing is not None and closing.cap >= 1 and alive(
+            True, 0.0, entry_free, None, tied_c, None)
+        open_ok = False
+        if math.isfinite(exit_):
+            # Extended: the stage after the prefix has a replica on a host of its last
+            # stage with room (no crossing; the pool's first run continues there), or it
+            # does not (the last stage's micro-batch leaves its hosts whole, as if they
+            # were full). And the last stage is away from the first stage's hosts, or on
+            # one of them with room (``tied_open``).
+            room_hosts = frozenset(h for h in last.hosts if free[h])
+            if room_hosts and pool_types:
+                full = tuple(0 if h in last.hosts else f for h, f in enumerate(free))
+                conts = [(0.0, True, room_hosts),
+                         (self.exit_time(last, full, m), len(last.hosts) > 1, None)]
+            else:
+                conts = [(exit_, entry_free, None)]
+            cases = [(ex, e_free, e_hosts, floor, last_hosts)
+                     for floor, last_hosts in self.tied_open(prefix[0], free)
+                     for ex, e_free, e_hosts in conts]
+            # Every case only shrinks what the stages may hold: when the bound without
+            # the split rules the extensions out, so does every case, and this one pass
+            # settles most of the prefixes the search prunes.
+            if len(cases) == 1 or alive(False, exit_, entry_free, None, 0.0, None):
+                open_ok = any(alive(False, *case) for case in cases)
+        return closed_ok, open_ok, False
 
     def root_alive(self, m: int, rc: str, target: float) -> bool:
         """Whether some plan of the whole space may beat ``target`` under (M, recompute):
@@ -845,14 +1061,20 @@ class Bounds:
         return False
 
     def _fill(self, profiles: list[StageProfile], icpt: list[float], slope: list[float],
-              tau: float, m: int, rc: str, pool) -> float:
+              tau: float, m: int, rc: str, pool, floor: float = 0.0,
+              last_hosts: frozenset[int] | None = None,
+              entry_hosts: frozenset[int] | None = None) -> float:
         """Least ``sum a_i n_i`` placing every layer with each stage's term
-        ``slope_i n_i + icpt_i`` under threshold ``tau`` (inf if impossible)."""
+        ``slope_i n_i + icpt_i`` under threshold ``tau`` (inf if impossible); with a
+        ``floor`` under the data-parallel phase, also ``(M-1) u_i + floor`` (``_capacity``)."""
         L = self.layers
         caps = []
         for p, ic, sl in zip(profiles, icpt, slope):
             room = tau - ic
             cap = p.cap if sl <= 0 else min(p.cap, room / sl)
+            if floor > 0 and m > 1 and p.a > 0:
+                # ic - d0 = (M-1) g_i: the stage's term without its own all-reduce.
+                cap = min(cap, (tau - floor - (ic - p.d0)) / ((m - 1) * p.a))
             if cap < 1:
                 return math.inf
             caps.append(cap)
@@ -863,14 +1085,19 @@ class Bounds:
             pool_types, pool_a, target, free, entry_free, entry_type_free = pool
             # The knapsack table is cached on grid points of the target; use the next one up.
             key_tau = target * math.ceil(tau / target * self.GRID) / self.GRID
-            extra = sum(self.knapsack(t, g, m, rc, key_tau) for t, g in pool_types)
+            # The floor enters the cached tables rounded down to a grid of the target
+            # (a lower floor is still one), so that prefixes share them.
+            step = target / (4 * self.GRID)
+            floor = step * math.floor(floor / step) if floor > 0 else 0.0
+            extra = sum(self.knapsack(t, g, m, rc, key_tau, floor) for t, g in pool_types)
             # Only while the layers still fit are the finer, crossing-aware capacities
             # worth their cost; each is an upper bound, so the least of them is one.
             if extra + sum(caps) >= L and len(pool_types) > 1:
                 extra = min(extra, self.type_capacity(free, m, rc, key_tau,
-                                                      entry_type_free))
+                                                      entry_type_free, floor))
             if extra + sum(caps) >= L and entry_free is not None:
-                extra = min(extra, self.pool_capacity(free, m, rc, key_tau, entry_free))
+                extra = min(extra, self.pool_capacity(free, m, rc, key_tau, entry_free,
+                                                      floor, last_hosts, entry_hosts))
         if sum(caps) + extra < L:
             return math.inf
 
@@ -896,7 +1123,7 @@ class Bounds:
         # with pool layers at min_s (a_s + mu w_s / cap_s), less mu G. Any mu gives a
         # bound; the function is concave and piecewise linear, so its maximum lies at a
         # kink: where two shapes' lines cross or one crosses a prefix stage's a_i.
-        lines = self._pool_lines(pool_types, m, rc, key_tau)
+        lines = self._pool_lines(pool_types, m, rc, key_tau, floor)
         if not lines:
             return greedy(pool_a)
         gpus = sum(sum(g) for _, g in pool_types)
@@ -917,11 +1144,11 @@ class Bounds:
         return best
 
     def _pool_lines(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int, rc: str,
-                    budget: float) -> list[tuple[float, float]]:
+                    budget: float, floor: float = 0.0) -> list[tuple[float, float]]:
         """(a_s, w_s / cap_s) of every stage shape the free GPUs could form that holds a
         layer under the threshold ``budget``, without the dominated ones (another shape
         no worse on both), by increasing ``a_s``."""
-        key = ("lines", tuple(pool_types), m, rc, budget)
+        key = ("lines", tuple(pool_types), m, rc, budget, floor)
         hit = self._knap.get(key)
         if hit is not None:
             return hit
@@ -937,7 +1164,7 @@ class Bounds:
                     if shape is None:
                         continue
                     d = self._shape_dp(gpu_type, tp, dp, blocks)
-                    cap = self._capacity(shape[0], shape[1], d, shape[2], budget, m)
+                    cap = self._capacity(shape[0], shape[1], d, shape[2], budget, m, floor)
                     if cap > 0:
                         raw.append((shape[0], tp * dp / cap))
         raw.sort()

@@ -24,10 +24,11 @@ lower bound and the gap.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -40,7 +41,7 @@ from hetpar.solvers.space import PlanSpace, StageChoice, SymmetryCheck
 
 __all__ = ["Problem", "TaskResult", "SearchExecutor", "InlineExecutor", "Incumbent",
            "search_subtree", "best_split", "root_tasks", "Task", "estimate_space_size",
-           "prefix_lower_bound", "root_lower_bound", "make_bounds"]
+           "prefix_lower_bound", "root_lower_bound", "make_bounds", "dive_structures", "dive"]
 
 
 @dataclass(frozen=True)
@@ -480,6 +481,155 @@ def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
                 grow(here, rest, nxt)
 
     grow((), space.capacity, SymmetryCheck.start(space))
+    return out
+
+
+def dive_structures(space: PlanSpace) -> list[tuple[StageChoice, ...]]:
+    """A few pipeline structures worth closing before the exhaustive search, for a first
+    incumbent: the hosts of one or more GPU types in host order, at one TP degree, as one
+    stage per TP block (a deep pipeline) or per host (data parallel inside the host); and
+    the same with the first host's last stage moved to the end, so that the first and
+    the last stage share a host (their tied embedding's exchange then stays inside it)."""
+    layers = space.model.layers
+    orders: list[tuple[str, ...]] = [(t,) for t in space.types]
+    if 1 < len(space.types) <= 3:
+        orders += list(itertools.permutations(space.types))
+    levels = sorted({tp for t in space.types for tp in space.tp_options[t]})
+    out: list[tuple[StageChoice, ...]] = []
+    seen: set[tuple[StageChoice, ...]] = set()
+    for order in orders:
+        for level in levels:
+            for per_block in (True, False):
+                stages: list[StageChoice] = []
+                for t in order:
+                    tps = [tp for tp in space.tp_options[t] if tp <= level]
+                    if not tps:
+                        continue
+                    tp = max(tps)
+                    for h in space.eligible_hosts(t, tp):
+                        blocks = space.capacity[h] // tp
+                        if per_block:
+                            stages += [StageChoice(t, tp, (h,), (1,))] * blocks
+                        elif blocks:
+                            stages.append(StageChoice(t, tp, (h,), (blocks,)))
+                variants = [tuple(stages)]
+                first = [i for i, st in enumerate(stages) if st.hosts == stages[0].hosts]
+                if stages and len(first) > 1 and first[-1] < len(stages) - 1:
+                    moved = stages[:first[-1]] + stages[first[-1] + 1:] + [stages[first[-1]]]
+                    variants.append(tuple(moved))
+                for v in variants:
+                    if v and len(v) <= layers and v not in seen:
+                        seen.add(v)
+                        out.append(v)
+    return out
+
+
+@dataclass
+class _StepSearcher(Searcher):
+    """A searcher that also stops after ``max_steps`` clock checks (search nodes)."""
+
+    max_steps: int = 0
+    steps: int = 0
+
+    def _check_time(self) -> None:
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise _Stop
+        super()._check_time()
+
+
+def dive(problem: Problem, until: float, incumbent: float = math.inf, steps: int = 400,
+         ) -> tuple[float, Plan | None]:
+    """The best plan of ``dive_structures`` found before ``until`` (``time.time()``), each
+    structure closed under every micro-batch count and recompute mode by the exact layer
+    split search cut to ``steps`` search nodes (its first split, in proportion to stage
+    speed, is always scored). A first incumbent near the optimum prunes far more than a
+    heuristic's plan; the search stays exact whatever the dive finds."""
+    s = _StepSearcher(replace(problem, deadline=min(problem.deadline, until)),
+                      LocalIncumbent(incumbent))
+    layers = problem.space.model.layers
+
+    def score(stages: tuple[StageChoice, ...]) -> float:
+        """Best value found for the structure (inf if none); raises _Stop past until."""
+        before = (s.best_value, s.best_plan)
+        s.best_value, s.best_plan = math.inf, None
+        try:
+            for combo in s.combos(st.dp for st in stages):
+                s.steps, s.max_steps = 0, steps
+                try:
+                    s.close(stages, [combo])
+                except _Stop:
+                    if time.time() > until:
+                        raise
+        finally:
+            value = s.best_value
+            if value >= before[0]:
+                s.best_value, s.best_plan = before
+        return value
+
+    best: tuple[StageChoice, ...] | None = None
+    try:
+        value_best = math.inf
+        for stages in sorted(dive_structures(problem.space), key=len):
+            value = score(stages)
+            if value < value_best:
+                best, value_best = stages, value
+        # Hill climbing from the best structure: split one stage into two on the same
+        # hosts (half the TP degree, or half the replicas) or merge two neighbours on one
+        # host into one of twice the TP degree; take the best move while one improves.
+        while best is not None:
+            step_best, step_value = None, value_best
+            for nb in _split_moves(best, layers) + _merge_moves(problem.space, best):
+                value = score(nb)
+                if value < step_value:
+                    step_best, step_value = nb, value
+            if step_best is None:
+                break
+            best, value_best = step_best, step_value
+    except _Stop:
+        pass
+    return s.best_value, s.best_plan
+
+
+def _merge_moves(space: PlanSpace, stages: tuple[StageChoice, ...],
+                 ) -> list[tuple[StageChoice, ...]]:
+    """Structures with two neighbouring single-replica stages of one host and TP degree
+    merged into one stage of twice that degree (where the space allows it), or with two
+    different neighbours on the same hosts swapped."""
+    out = []
+    for i, (a, b) in enumerate(itertools.pairwise(stages)):
+        if a == b and a.dp == 1 and len(a.hosts) == 1:
+            tp = 2 * a.tp
+            if tp in space.tp_options[a.gpu_type] and space.capacity[a.hosts[0]] % tp == 0:
+                out.append(stages[:i] + (StageChoice(a.gpu_type, tp, a.hosts, (1,)),)
+                           + stages[i + 2:])
+        elif a != b and a.hosts == b.hosts:
+            out.append(stages[:i] + (b, a) + stages[i + 2:])
+    return out
+
+
+def _split_moves(stages: tuple[StageChoice, ...], layers: int,
+                 ) -> list[tuple[StageChoice, ...]]:
+    """Structures with one stage split in two on its own hosts: a single-host stage of one
+    replica into two of half its TP degree, or a stage of several replicas into two of
+    about half of them each (whole hosts, or one host's blocks halved)."""
+    if len(stages) >= layers:
+        return []
+    out = []
+    for i, st in enumerate(stages):
+        parts: list[tuple[StageChoice, StageChoice]] = []
+        if st.dp == 1 and st.tp > 1:
+            one = StageChoice(st.gpu_type, st.tp // 2, st.hosts, (1,))
+            parts.append((one, one))
+        elif st.dp > 1 and len(st.hosts) == 1 and st.blocks[0] % 2 == 0:
+            one = StageChoice(st.gpu_type, st.tp, st.hosts, (st.blocks[0] // 2,))
+            parts.append((one, one))
+        elif len(st.hosts) > 1:
+            k = len(st.hosts) // 2
+            parts.append((StageChoice(st.gpu_type, st.tp, st.hosts[:k], st.blocks[:k]),
+                          StageChoice(st.gpu_type, st.tp, st.hosts[k:], st.blocks[k:])))
+        for a, b in parts:
+            out.append(stages[:i] + (a, b) + stages[i + 1:])
     return out
 
 

@@ -27,6 +27,25 @@ from hetpar.solvers.space import PlanSpace, StageChoice
 __all__ = ["StageProfile", "Bounds"]
 
 
+
+def _ends_knapsack(items: list[tuple[int, int, float]], capacity: int) -> list[list[float]]:
+    """``best[g][e]``: the most layers stages of weight ``w`` (GPUs), ``ends`` paid sides
+    and ``value`` layers can hold with exactly ``g`` GPUs and ``e`` (0-2) paid sides in
+    all; -inf where no combination has that weight (unbounded knapsack)."""
+    neg = -math.inf
+    best = [[neg] * 3 for _ in range(capacity + 1)]
+    best[0][0] = 0.0
+    for g in range(1, capacity + 1):
+        row = best[g]
+        for w, ends, value in items:
+            if w > g:
+                continue
+            prev = best[g - w]
+            for e in range(ends, 3):
+                if prev[e - ends] + value > row[e]:
+                    row[e] = prev[e - ends] + value
+    return best
+
 def _dedupe(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """Knapsack items (GPUs, sides, layers): only the most layers per (GPUs, sides)."""
     best: dict[tuple[int, int], int] = {}
@@ -424,19 +443,8 @@ class Bounds:
                                            budget, m, floor)
                     if value > 0:  # a stage holds at least one layer
                         items.append((tp * dp, ends, value))
-        items = _dedupe(items)
         neg = -math.inf
-        best = [[neg] * 3 for _ in range(free + 1)]
-        best[0][0] = 0.0
-        for g in range(1, free + 1):
-            row = best[g]
-            for w, ends, value in items:
-                if w > g:
-                    continue
-                prev = best[g - w]
-                for e in range(ends, 3):
-                    if prev[e - ends] + value > row[e]:
-                        row[e] = prev[e - ends] + value
+        best = _ends_knapsack(_dedupe(items), free)
         # A run has at least one stage and may leave GPUs idle. (Its ends are counted
         # exactly: the caller requires enough of them in all.)
         out = [[neg] * 3 for _ in range(free + 1)]
@@ -714,19 +722,8 @@ class Bounds:
                                            budget, m, floor)
                     if value > 0:
                         items.append((tp * dp, ends, value))
-        items = _dedupe(items)
         neg = -math.inf
-        best = [[neg] * 3 for _ in range(total + 1)]
-        best[0][0] = 0.0
-        for g in range(1, total + 1):
-            row = best[g]
-            for w, ends, value in items:
-                if w > g:
-                    continue
-                prev = best[g - w]
-                for e in range(ends, 3):
-                    if prev[e - ends] + value > row[e]:
-                        row[e] = prev[e - ends] + value
+        best = _ends_knapsack(_dedupe(items), total)
         out = [neg, neg, neg]
         for g in range(1, total + 1):
             for e in range(3):

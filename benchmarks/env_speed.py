@@ -7,6 +7,9 @@
    busy machine does not skew it), in two regimes: *cold* (every episode on a fresh
    instance, paying per-instance set-up: parsing, cost-model tables, feasibility search)
    and *warm* (a pool of ``--pool`` instances whose tables are built, as in training).
+   Each line is run twice, side by side: with the masks' greedy completion witness (the
+   default) and with the budgeted exhaustive search alone (``--no-witness`` rows), so the
+   ratio is measured in one run.
 2. Dead ends: ``--episodes`` random masked episodes spread over every bundled suite; an
    episode is a dead end if some state has no allowed action, or if it ends with a plan
    that does not fit in memory. Prints the count (the target is 0).
@@ -37,8 +40,8 @@ def run_episode(env: PlanBuilderEnv, rng: np.random.Generator, seed: int) -> tup
 
 
 def steps_per_second(suite: str, pool: int | None, seconds: float, warm_episodes: int,
-                     ) -> tuple[float, float, float]:
-    env = PlanBuilderEnv(suite, instances=pool)
+                     witness: bool = True) -> tuple[float, float, float]:
+    env = PlanBuilderEnv(suite, instances=pool, mask_witness=witness)
     rng = np.random.default_rng(0)
     seed = 0
     for _ in range(warm_episodes if pool else 0):
@@ -85,13 +88,19 @@ def main() -> None:
     ap.add_argument("--warm-episodes", type=int, default=3000)
     args = ap.parse_args()
 
-    print("suite         regime  steps/s  episodes/s  feasibility queries cut by budget"
-          "  (CPU time of one process)")
+    print("suite         regime  witness  steps/s  episodes/s  feasibility queries cut by "
+          "budget  (CPU time of one process)")
     for suite in ("train-small", "test-larger"):
         for pool in (None, args.pool):
-            sps, eps, cut = steps_per_second(suite, pool, args.seconds, args.warm_episodes)
             regime = "cold" if pool is None else f"warm{pool}"
-            print(f"{suite:13s} {regime:7s} {sps:7.0f}  {eps:10.1f}  {100 * cut:.2f}%")
+            rates = []
+            for witness in (True, False):
+                sps, eps, cut = steps_per_second(suite, pool, args.seconds,
+                                                 args.warm_episodes, witness)
+                rates.append(sps)
+                print(f"{suite:13s} {regime:7s} {'yes' if witness else 'no':7s}  {sps:7.0f}"
+                      f"  {eps:10.1f}  {100 * cut:.2f}%")
+            print(f"{'':13s} {regime:7s} ratio    {rates[0] / rates[1]:6.2f}x")
     bad, n, per = dead_ends(args.episodes, args.pool)
     spread = ", ".join(f"{s} {c}" for s, c in per.items())
     print(f"random masked episodes: {n} ({spread}); dead ends or infeasible plans: {bad}")

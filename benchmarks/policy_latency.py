@@ -1,13 +1,14 @@
 """Planning latency: the shipped policy against the exact search, side by side.
 
-    python benchmarks/policy_latency.py [--time-limit 60] [--repeats 5]
+    python benchmarks/policy_latency.py [--time-limit 60] [--repeats 5] [--beams 1,4]
 
 For bundled clusters of 16 to 128 GPUs: the policy's inference time (the masked rollout,
 one CPU thread, median of ``--repeats``), the refinement of its plan (exact layer split
 of the rollout's stages), its time including environment set-up, and the exact search's
 wall time with a time limit (when it stops at the limit, the ratio is a lower bound:
 exact would take longer to prove its optimum). The ratio is exact's time over the
-policy's rollout plus refinement. Prints both objectives.
+policy's rollout plus refinement. Prints both objectives. Each ``--beams`` width is
+timed on the same warm process, side by side (1: the single most likely rollout).
 """
 
 from __future__ import annotations
@@ -34,36 +35,41 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=None, help="policy file (default: the shipped one)")
+    ap.add_argument("--beams", default="1,4", help="beam widths to time (default 1,4)")
     args = ap.parse_args()
+    beams = [int(b) for b in args.beams.split(",")]
     bundle = load_policy(args.policy)
     print(f"policy {bundle.path}; exact with a {args.time_limit:.0f} s limit, one worker")
-    print(f"{'cluster':22s} {'GPUs':>4s} {'infer ms':>9s} {'refine ms':>9s} {'total ms':>9s} "
-          f"{'exact s':>8s} {'ratio':>8s}  policy obj / exact obj")
+    print(f"{'cluster':22s} {'GPUs':>4s} {'beam':>4s} {'infer ms':>9s} {'refine ms':>9s} "
+          f"{'total ms':>9s} {'exact s':>8s} {'ratio':>8s}  policy obj / exact obj")
     for cluster_name, model_name in CASES:
         cluster = hetpar.load_cluster(cluster_name)
         if len(cluster.hosts) > bundle.max_hosts:
             continue
         model = hetpar.load_model(model_name)
         training = hetpar.load_training(None)
-        runs = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            res = plan_with_policy(bundle, cluster, model, training)
-            runs.append((res.inference_s, time.perf_counter() - start, res.value,
-                         res.refine_s))
-        infer = statistics.median(r[0] for r in runs)
-        total = statistics.median(r[1] for r in runs)
-        refine = statistics.median(r[3] for r in runs)
+        timed = []
+        for beam in beams:
+            runs = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                res = plan_with_policy(bundle, cluster, model, training, beam=beam)
+                runs.append((res.inference_s, time.perf_counter() - start, res.value,
+                             res.refine_s))
+            timed.append((beam, statistics.median(r[0] for r in runs),
+                          statistics.median(r[3] for r in runs),
+                          statistics.median(r[1] for r in runs), runs[-1][2]))
         start = time.perf_counter()
         sol = solve(cluster, model, training, method="exact", time_limit=args.time_limit,
                     samples=res.samples, seed=res.seed, objective=res.objective)
         exact_s = time.perf_counter() - start
         proven = sol.certificate is not None and sol.certificate.optimal
-        ratio = exact_s / (infer + refine)
-        print(f"{cluster_name:22s} {cluster.num_gpus:4d} {1e3 * infer:9.1f} {1e3 * refine:9.1f} "
-              f"{1e3 * total:9.1f} "
-              f"{exact_s:8.1f} {'' if proven else '>='}{ratio:7.0f}x  "
-              f"{runs[-1][2]:.4f} / {sol.value:.4f}{'' if proven else ' (not proven)'}")
+        for beam, infer, refine, total, value in timed:
+            ratio = exact_s / (infer + refine)
+            print(f"{cluster_name:22s} {cluster.num_gpus:4d} {beam:4d} {1e3 * infer:9.1f} "
+                  f"{1e3 * refine:9.1f} {1e3 * total:9.1f} {exact_s:8.1f} "
+                  f"{'' if proven else '>='}{ratio:7.0f}x  "
+                  f"{value:.4f} / {sol.value:.4f}{'' if proven else ' (not proven)'}")
 
 
 if __name__ == "__main__":

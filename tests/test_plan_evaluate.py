@@ -123,6 +123,18 @@ def test_plan_cli_json_gap_is_consistent(capsys, policy8):
     assert cmp_["method"] == "megatron"
     assert cmp_["gap"] == pytest.approx(doc["value_s"] / cmp_["value_s"] - 1)
     assert doc["inference_s"] > 0 and doc["plan"]["stages"]
+    assert doc["beam"] == 4 and doc["candidates"] >= 1
+
+
+def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, policy8):
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--json", "--beam", "1")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["beam"] == 1 and doc["candidates"] == 1
+    code, _, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                       "--model", "gpt2-medium", "--beam", "0")
+    assert_one_line_error(code, err, "--beam")
 
 
 def test_plan_cluster_larger_than_max_hosts_is_one_line(capsys, policy2):
@@ -167,10 +179,10 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
     inst_file = save_instances(tmp_path / "tiny2.yaml", tiny_instances, suite="tiny",
                                max_hosts=4)
     out_dir = tmp_path / "ev"
-    methods = ("policy", "policy-raw", "exact", "metis", "megatron", "random")
+    methods = ("policy", "policy-greedy", "policy-raw", "exact", "metis", "megatron", "random")
     code, out, err = run(capsys, "evaluate", "--policy", policy8, "--suite", inst_file,
                          "--n", "2", "--time-limit", "30", "--out", out_dir,
-                         "--methods", ",".join(methods))
+                         "--methods", ",".join(methods), "--beam", "3")
     assert code == 0, err
     assert "median gap" in out
 
@@ -196,8 +208,9 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
             assert int(r["gpus"]) >= 1 and int(r["hosts"]) >= 1 and r["model"]
         assert float(exact["gap"]) == 0.0
         assert float(mine["policy"]["inference_s"]) > 0
-        # Refinement never makes the rollout's plan worse.
-        assert float(mine["policy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])
+        # Refinement never makes the rollout's plan worse, nor the beam the greedy rollout.
+        assert float(mine["policy-greedy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])
+        assert float(mine["policy"]["value_s"]) <= float(mine["policy-greedy"]["value_s"])
 
     summary = (out_dir / "summary.md").read_text()
     for text in ("| method |", "median gap", "p90 gap", "worst gap", "wins vs metis",

@@ -146,3 +146,10 @@ def test_cli_replan_bad_trace_exit_2(tmp_path, capsys):
     assert rc == 2 and "bad.csv" in err and "line 3" in err and "positive" in err
     rc = main(["replan", "--scenario", "stable-dc", "--strategies", "static,nope"])
     assert rc == 2 and "unknown strategy" in capsys.readouterr().err
+
+
+def test_cli_replan_beam_below_one_exit_2(capsys):
+    rc = main(["replan", "--scenario", "stable-dc", "--strategies", "static,policy",
+               "--beam", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--beam" in err and len(err.strip().splitlines()) == 1

@@ -19,7 +19,7 @@ from hetpar.errors import ConfigError
 from hetpar.solvers.api import _check_fits_somewhere
 from hetpar.solvers.space import PlanSpace
 
-SUITES = ["tiny", "train-small", "test-iid", "test-larger", "test-unseen-gpus", "test-geo"]
+SUITES = ["tiny", "train-small", "train-mixed", "test-iid", "test-larger", "test-unseen-gpus", "test-geo"]
 N = 20
 
 
@@ -55,6 +55,23 @@ def test_instances_differ_and_seeds_separate_families(suites):
     assert a.seed != b.seed
     assert (a.hosts, a.gpu_types, a.network, a.bandwidth, a.models) == (
         b.hosts, b.gpu_types, b.network, b.bandwidth, b.models)
+
+
+def test_train_mixed_has_slow_fabrics_but_stays_apart_from_the_test_suites(suites):
+    """The shipped policy's training family: some racks joined by a few Gb/s, but never the
+    geo shape (test-geo) nor 8 or more hosts (test-larger)."""
+    mixed = suites["train-mixed"]
+    assert "geo" not in mixed.spec.network.shapes
+    assert mixed.spec.hosts[1] < suites["test-larger"].spec.hosts[0]
+    slowest = []
+    for inst in mixed.instances(60):
+        fabric = [lk.capacity_gbps for lk in inst.cluster.links
+                  if lk.a not in inst.cluster.host_index and lk.b not in inst.cluster.host_index]
+        if fabric:
+            slowest.append(min(fabric))
+    assert slowest and min(slowest) < 10 < max(slowest)
+    # Fabric latencies stay below test-geo's WAN links (10-70 ms).
+    assert mixed.spec.network.fabric_latency_us[1] < 10_000
 
 
 def test_sample_uses_only_the_given_generator(suites):

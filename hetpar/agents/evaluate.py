@@ -39,10 +39,11 @@ __all__ = [
     "write_outputs",
 ]
 
-METHODS = ("policy", "policy-raw", "exact", "metis", "megatron", "random")
-# policy: rollout + refinement of its inner choices (the planner's default);
-# policy-raw: the rollout's plan alone, to show what the network itself decides.
-POLICY_METHODS = ("policy", "policy-raw")
+METHODS = ("policy", "policy-greedy", "policy-raw", "exact", "metis", "megatron", "random")
+# policy: beam search over the policy's decisions + refinement of the best structures' inner
+# choices (the planner's default); policy-greedy: the single most likely rollout, refined;
+# policy-raw: that rollout's plan alone, to show what the network itself decides.
+POLICY_METHODS = ("policy", "policy-greedy", "policy-raw")
 CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
                "value_s", "wall_s", "inference_s", "optimal", "gap", "reference", "error")
 _TIE = 1e-9  # relative difference below which two values are a tie
@@ -211,6 +212,7 @@ def _dur(s: float) -> str:
 def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: Any = None,
              objective: str | None = None, samples: int | None = None, seed: int = 0,
              time_limit: float = 60.0, workers: int = 1, budget: int = 200,
+             beam: int | None = None,
              isolate: bool = True, grace_s: float | None = None, memory_gib: float = 8.0,
              progress: Callable[[int, str], None] | None = None,
              on_start: Callable[[int, str], None] | None = None) -> Evaluation:
@@ -237,7 +239,9 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
         raise ConfigError("", "methods", f"unknown method(s) {', '.join(unknown)} "
                                          f"(known: {', '.join(METHODS)})")
     if any(m in POLICY_METHODS for m in methods) and bundle is None:
-        raise ConfigError("", "policy", "the 'policy' and 'policy-raw' methods need a policy")
+        raise ConfigError("", "policy", "the policy methods need a policy")
+    from hetpar.agents.planner import DEFAULT_BEAM
+    width = DEFAULT_BEAM if beam is None else beam
     defaults = bundle.env_kwargs if bundle is not None else {}
     obj = Objective.parse(objective if objective is not None else
                           str(defaults.get("objective", "mean")))
@@ -264,7 +268,8 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                 if m in POLICY_METHODS:
                     from hetpar.agents.planner import plan_with_policy
                     pp = plan_with_policy(bundle, inst, objective=obj, seed=seed, samples=k,
-                                          refine=m == "policy")
+                                          refine=m != "policy-raw",
+                                          beam=width if m == "policy" else 1)
                     # The latency a user waits once the environment exists.
                     row.value_s, row.inference_s = pp.value, pp.latency_s
                 elif m == "exact" and isolate:
@@ -430,8 +435,8 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    markers = {"policy": "o", "policy-raw": "D", "exact": "s", "metis": "^", "megatron": "v",
-               "random": "x"}
+    markers = {"policy": "o", "policy-greedy": "P", "policy-raw": "D", "exact": "s",
+               "metis": "^", "megatron": "v", "random": "x"}
     worst = 0.0
     for j, m in enumerate(result.methods):
         pts = [(r.gpus, r.gap * 100) for r in result.of(m) if math.isfinite(r.gap)]

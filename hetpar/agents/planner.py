@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,13 +42,20 @@ from hetpar.plan import Plan
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["DEFAULT_SAMPLES", "PolicyPlan", "check_hosts", "instance_of", "plan_with_policy"]
+__all__ = ["DEFAULT_BEAM", "DEFAULT_SAMPLES", "PolicyPlan", "check_hosts", "forward_for",
+           "instance_of", "plan_with_policy"]
 
 DEFAULT_SAMPLES = 16  # bandwidth states when the policy's metadata does not say
 # Search steps of the refinement (a node budget, not a clock, so that a plan is the same on
 # every machine); structures of 1-4 stages take 1-130 steps at about 0.5 ms each.
 DEFAULT_REFINE_STEPS = 500
-_MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environment pair
+_MAX_STEPS = 100_000
+# With a beam: besides the greedy rollout's structure, how many of the best distinct
+# structures are refined.
+REFINE_CANDIDATES = 2
+# Beam width of `hetpar plan`, `hetpar evaluate` and the re-planning strategy (1: the single
+# most likely rollout, fastest).
+DEFAULT_BEAM = 4  # a rollout longer than this is a broken policy/environment pair
 
 
 class PolicyLike(Protocol):
@@ -84,6 +92,8 @@ class PolicyPlan:
     raw_value: float = math.nan  # the rollout's plan before refinement
     refine_s: float = 0.0  # the refinement (0 when off)
     refine_complete: bool = False  # refinement proved the best completion of the structure
+    beam: int = 1  # beam width of the search (1: the single most likely rollout)
+    candidates: int = 1  # finished plans the search compared
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -102,6 +112,7 @@ class PolicyPlan:
                 "inference_s": self.inference_s,
                 "forward_s": self.forward_s, "refine_s": self.refine_s,
                 "raw_value_s": self.raw_value, "refine_complete": self.refine_complete,
+                "beam": self.beam, "candidates": self.candidates,
                 "wall_s": self.wall_s,
                 "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
 
@@ -143,7 +154,7 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                      samples: int | None = None, constants: CostConstants | None = None,
                      threads: int | None = 1, source: str = "", refine: bool = True,
                      refine_steps: int | None = DEFAULT_REFINE_STEPS,
-                     refine_time: float | None = None) -> PolicyPlan:
+                     refine_time: float | None = None, beam: int = 1) -> PolicyPlan:
     """One deterministic masked rollout of ``bundle``'s policy on one instance.
 
     ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
@@ -152,7 +163,9 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     with ``seed``. ``threads`` sets torch's intra-op threads for the rollout (restored
     afterwards; None leaves it alone). ``refine`` polishes the rollout's plan within
     ``refine_steps`` search steps and ``refine_time`` seconds (None: no limit; see the
-    module docstring). Raises ConfigError
+    module docstring). ``beam`` > 1 runs a beam search of that width over the policy's
+    log-probabilities instead of the single most-likely rollout (see the module
+    docstring). Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -170,6 +183,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     k = int(samples if samples is not None else kwargs.get("samples") or DEFAULT_SAMPLES)
     if k < 1:
         raise ConfigError("", "samples", f"must be at least 1, got {k}")
+    if beam < 1:
+        raise ConfigError("", "beam", f"must be at least 1, got {beam}")
     kwargs.pop("bandwidth", None)
     kwargs["samples"] = k
 
@@ -178,75 +193,226 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                          bandwidth="robust", constants=constants, **kwargs)
     obs, _ = env.reset(seed=seed, options={"instance": 0})
     policy = bundle.model.policy
+    cm = CostModel(inst.cluster, inst.model, inst.training, constants=constants, samples=k,
+                   seed=seed)
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    steps, forced, forward_s = 0, 0, 0.0
-    info: dict[str, Any] = {}
     try:
         policy.set_training_mode(False)
         with torch.inference_mode():
             # torch initialises its kernels on the first forward pass of a process: a
             # one-time cost like Python's start-up, counted in setup_s, not inference_s.
-            _act(policy, obs, np.ones(env.action_space.n, dtype=bool))
+            forward = forward_for(policy)
+            forward([obs])
         setup_s = time.perf_counter() - start
         start = time.perf_counter()
         with torch.inference_mode():
-            while True:
-                masks = env.action_masks()
-                allowed = np.flatnonzero(masks)
-                if len(allowed) == 1:
-                    # The masked argmax of any logits: no forward pass needed.
-                    action = int(allowed[0])
-                    forced += 1
-                else:
-                    t0 = time.perf_counter()
-                    action = _act(policy, obs, masks)
-                    forward_s += time.perf_counter() - t0
-                obs, _, terminated, truncated, info = env.step(action)
-                steps += 1
-                if terminated:
-                    break
-                if truncated or info.get("invalid_action") or steps >= _MAX_STEPS:
-                    raise HetparError(f"{_policy_name(bundle)}: the policy chose an action the "
-                                      f"environment forbids (step {steps}); its action space "
-                                      f"does not match this hetpar version's environment")
+            if beam <= 1:
+                plan, info, stats = _greedy(env, forward, obs, bundle)
+                candidates = [plan]
+            else:
+                candidates, info, stats = _beam_search(env, forward, obs, bundle, beam)
         inference_s = time.perf_counter() - start
     finally:
         if threads is not None:
             torch.set_num_threads(old_threads)
+    steps, forced, forward_s = stats
 
-    plan: Plan = info["plan"]
-    cm = CostModel(inst.cluster, inst.model, inst.training, constants=constants, samples=k,
-                   seed=seed)
-    est = cm.evaluate(plan)
-    raw_value = value = est.value(obj)
+    # The candidates (one, or the beam's finished plans, the greedy one first) are ranked by
+    # the scoring model.
+    values = [_value(cm, obj, p) for p in candidates]
+    order = sorted(range(len(candidates)), key=lambda n: (values[n], n))
+    plan, value = candidates[order[0]], values[order[0]]
+    raw_value = value
     if not math.isfinite(value):  # pragma: no cover - the masks guarantee a fitting plan
         raise InfeasibleError(f"the policy's plan does not fit in memory: "
-                              f"{'; '.join(est.overflow)}")
+                              f"{'; '.join(cm.evaluate(plan).overflow)}")
     refine_s, complete = 0.0, False
     if refine:
         from hetpar.solvers.refine import refine_plan
         from hetpar.solvers.space import PlanSpace
 
         t0 = time.perf_counter()
-        ref = refine_plan(cm, PlanSpace(inst.cluster, cm.model, inst.training), obj, plan,
-                          max_steps=refine_steps, time_limit=refine_time)
-        if ref.improved:
-            plan, value = ref.plan, ref.value
-            est = cm.evaluate(plan)
-        refine_s, complete = time.perf_counter() - t0, ref.complete
+        space = PlanSpace(inst.cluster, cm.model, inst.training)
+        # Refinement re-chooses what the candidates differ in most (micro-batches, recompute,
+        # layer split), so a structure that ranks second raw may win once refined: the
+        # greedy rollout's structure and the best few distinct ones are refined.
+        picks, structures = [], set()
+        for n in [0] + order:
+            key = tuple(space.decompose(candidates[n])[0])
+            if key not in structures:
+                structures.add(key)
+                picks.append(n)
+            if len(picks) > REFINE_CANDIDATES:
+                break
+        best = math.inf
+        for n in picks:
+            ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
+                              time_limit=refine_time)
+            if ref.value < best:
+                best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
+        refine_s = time.perf_counter() - t0
+    est = cm.evaluate(plan)
     return PolicyPlan(plan=plan, estimate=est, value=value, objective=obj.name, samples=k,
                       seed=seed, steps=steps, forced=forced, setup_s=setup_s,
                       inference_s=inference_s,
                       forward_s=forward_s, policy=_policy_name(bundle),
                       env_value=float(info.get("objective_s", math.nan)),
-                      raw_value=raw_value, refine_s=refine_s, refine_complete=complete)
+                      raw_value=raw_value, refine_s=refine_s, refine_complete=complete,
+                      beam=beam, candidates=len(candidates))
 
 
-def _act(policy: Any, obs: dict[str, Any], masks: Any) -> int:
-    """The most likely allowed action (MaskablePPO's deterministic prediction, without the
-    per-call overhead of ``predict``)."""
-    obs_t, _ = policy.obs_to_tensor(obs)
-    dist = policy.get_distribution(obs_t, action_masks=np.array(masks, dtype=bool))
-    return int(dist.get_actions(deterministic=True).reshape(-1)[0].item())
+Forward = Callable[[list[dict[str, np.ndarray]]], np.ndarray]
+
+
+def forward_for(policy: Any) -> Forward:
+    """Unmasked action logits of a batch of observations, for planning: the numpy copy of
+    the host-attention network (``hetpar.agents.inference``), or for another policy class
+    its features extractor through torch (the actor head is the identity in both)."""
+    from hetpar.agents.inference import NumpyLogits
+    from hetpar.agents.policy import HostAttentionExtractor
+
+    ex = policy.features_extractor
+    if isinstance(ex, HostAttentionExtractor):
+        numpy_logits = NumpyLogits(ex)
+        return lambda observations: numpy_logits(_stack(observations))
+
+    def torch_logits(observations: list[dict[str, np.ndarray]]) -> np.ndarray:
+        import torch
+
+        batch = {key: torch.from_numpy(v) for key, v in _stack(observations).items()}
+        with torch.inference_mode():
+            return policy.action_net(policy.mlp_extractor.forward_actor(
+                policy.extract_features(batch))).numpy()
+
+    return torch_logits
+
+
+def _stack(observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(observations) == 1:
+        return {key: v[None] for key, v in observations[0].items()}
+    return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
+
+
+def _act(forward: Forward, obs: dict[str, Any], masks: Any) -> int:
+    """The most likely allowed action (MaskablePPO's deterministic prediction)."""
+    logits = forward([obs])[0]
+    return int(np.argmax(np.where(masks, logits, -np.inf)))
+
+
+def _value(cm: CostModel, obj: Objective, plan: Plan) -> float:
+    times, feasible = cm.iteration_times(plan)
+    return obj(np.atleast_1d(np.asarray(times, dtype=float))) if feasible else math.inf
+
+
+def _broken(bundle: PolicyLike, steps: int) -> HetparError:
+    return HetparError(f"{_policy_name(bundle)}: the policy chose an action the environment "
+                       f"forbids (step {steps}); its action space does not match this hetpar "
+                       f"version's environment")
+
+
+def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
+            ) -> tuple[Plan, dict[str, Any], tuple[int, int, float]]:
+    """The most likely allowed action at every step; (plan, last info, (steps, forced
+    steps, forward seconds))."""
+    steps, forced, forward_s = 0, 0, 0.0
+    while True:
+        masks = env.action_masks()
+        allowed = np.flatnonzero(masks)
+        if len(allowed) == 1:
+            # The masked argmax of any logits: no forward pass needed.
+            action = int(allowed[0])
+            forced += 1
+        else:
+            t0 = time.perf_counter()
+            action = _act(forward, obs, masks)
+            forward_s += time.perf_counter() - t0
+        obs, _, terminated, truncated, info = env.step(action)
+        steps += 1
+        if terminated:
+            return info["plan"], info, (steps, forced, forward_s)
+        if truncated or info.get("invalid_action") or steps >= _MAX_STEPS:
+            raise _broken(bundle, steps)
+
+
+@dataclass
+class _Beam:
+    logp: float  # log-probability of the actions so far under the policy
+    state: Any  # the environment's snapshot
+    greedy: bool  # every action so far was the most likely one
+
+
+def _beam_search(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
+                 width: int,
+                 ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
+    """Beam search over action sequences by the policy's log-probability: at each depth
+    every live beam proposes its ``width`` most likely allowed actions, and the ``width``
+    most likely children survive, plus the greedy rollout's child, which is always kept (so
+    the result is never worse than ``beam=1``). Children that reach a state already in the
+    beam (blocks added in another order) are dropped, and so are actions whose logits tie
+    exactly with a kept one (interchangeable hosts, alike for an equivariant policy). One
+    batched forward pass per depth. Returns every finished plan, the greedy one first."""
+    beams = [_Beam(0.0, env.snapshot(), True)]
+    finished: list[Plan] = []
+    greedy_plan: Plan | None = None
+    steps = forced = 0
+    forward_s = 0.0
+    info: dict[str, Any] = {}
+    seen: dict[Any, _Beam] = {}
+    while beams:
+        observations, masks = [], []
+        for b in beams:
+            observations.append(env.restore(b.state))
+            masks.append(env.action_masks())
+        ask = [i for i, m in enumerate(masks) if np.count_nonzero(m) > 1]
+        logits: dict[int, np.ndarray] = {}
+        if ask:
+            t0 = time.perf_counter()
+            out = forward([observations[i] for i in ask])
+            forward_s += time.perf_counter() - t0
+            logits = dict(zip(ask, out))
+        children: list[tuple[float, int, int, bool]] = []
+        for i, (b, m) in enumerate(zip(beams, masks)):
+            allowed = np.flatnonzero(m)
+            if i not in logits:
+                forced += 1
+                children.append((b.logp, i, int(allowed[0]), b.greedy))
+                continue
+            lg = logits[i][allowed].astype(np.float64)
+            lp = lg - (lg.max() + math.log(np.exp(lg - lg.max()).sum()))
+            order = np.argsort(-lp, kind="stable")
+            kept: list[float] = []
+            for rank in order:
+                if len(kept) >= width:
+                    break
+                if any(abs(lg[rank] - x) < 1e-6 for x in kept):
+                    continue
+                kept.append(float(lg[rank]))
+                children.append((b.logp + float(lp[rank]), i, int(allowed[rank]),
+                                 b.greedy and not kept[:-1]))
+        children.sort(key=lambda c: -c[0])
+        parents, beams = beams, []
+        for logp, i, action, greedy in children:
+            if len(beams) >= width and not greedy:
+                continue
+            env.restore(parents[i].state)
+            _, _, terminated, truncated, step_info = env.step(action)
+            steps += 1
+            if terminated:
+                finished.append(step_info["plan"])
+                if greedy:
+                    greedy_plan, info = step_info["plan"], step_info
+                continue
+            if truncated or step_info.get("invalid_action") or steps >= _MAX_STEPS:
+                raise _broken(bundle, steps)
+            key = env.state_key()
+            if key in seen:
+                # The same future: the greedy rollout continues in the beam already there.
+                seen[key].greedy |= greedy
+                continue
+            seen[key] = child = _Beam(logp, env.snapshot(), greedy)
+            beams.append(child)
+    assert greedy_plan is not None  # the greedy child is always kept
+    return [greedy_plan] + [p for p in finished if p is not greedy_plan], info, \
+        (steps, forced, forward_s)

@@ -425,14 +425,15 @@ def _cmd_suite_list(args: argparse.Namespace, console: Console) -> int:
 
 def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
-        "plan", help="plan with a trained policy in milliseconds (one masked rollout)",
-        description="Build a plan with a trained policy: one deterministic masked rollout of "
-                    "the plan-building environment, whose structure (stages, TP degrees, "
-                    "hosts) is then kept while the exact layer-split search picks the best "
-                    "micro-batch count, recompute mode and layer split (--no-refine turns "
-                    "that off). Without --policy it uses the default policy shipped with "
-                    "hetpar. The plan is scored over --samples bandwidth states drawn with "
-                    "--seed, as 'hetpar solve' scores its plans.")
+        "plan", help="plan with a trained policy in a fraction of a second",
+        description="Build a plan with a trained policy: a beam search over the policy's "
+                    "decisions in the plan-building environment (--beam 1: its single most "
+                    "likely masked rollout); the structures (stages, TP degrees, hosts) of "
+                    "the best finished plans are then kept while the exact layer-split "
+                    "search picks the best micro-batch count, recompute mode and layer split "
+                    "(--no-refine turns that off). Without --policy it uses the default "
+                    "policy shipped with hetpar. The plan is scored over --samples bandwidth "
+                    "states drawn with --seed, as 'hetpar solve' scores its plans.")
     pl.add_argument("--policy", metavar="FILE",
                     help="policy file from 'hetpar train' (default: the shipped policy)")
     _add_instance_args(pl)
@@ -449,6 +450,9 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="also run this method and print the gap T_policy / T_method - 1")
     pl.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="time limit of the exact search for --compare exact")
+    pl.add_argument("--beam", type=int, default=None, metavar="W",
+                    help="beam width of the search over the policy's decisions (default "
+                         "4; 1: the single most likely rollout, fastest)")
     pl.add_argument("--no-refine", action="store_true",
                     help="keep the rollout's plan as it is (no exact layer split)")
     pl.add_argument("--refine-steps", type=int, default=500, metavar="N",
@@ -470,7 +474,10 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
     ev.add_argument("--methods", default="policy,exact,metis,megatron,random",
                     help="comma-separated methods (default policy,exact,metis,megatron,random; "
-                         "also policy-raw: the rollout without refinement)")
+                         "also policy-greedy: one rollout (beam 1) with refinement, and "
+                         "policy-raw: that rollout without refinement)")
+    ev.add_argument("--beam", type=int, default=None, metavar="W",
+                    help="beam width of the 'policy' method (default 4)")
     ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                     help="time limit of the exact search per instance (default 60)")
     ev.add_argument("--workers", type=int, default=1, metavar="N",
@@ -495,6 +502,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
     if args.refine_steps < 1:
         raise ConfigError("--refine-steps", "", f"must be at least 1, got {args.refine_steps}")
+    beam = _beam_arg(args.beam)
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
@@ -507,7 +515,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     result = plan_with_policy(bundle, cluster, model, training, objective=args.objective,
                               seed=args.seed, samples=args.samples, constants=constants,
                               source=args.cluster, refine=not args.no_refine,
-                              refine_steps=args.refine_steps)
+                              refine_steps=args.refine_steps, beam=beam)
     other = None
     if args.compare:
         from hetpar.solvers.api import solve
@@ -536,17 +544,22 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpar.cli.render import render_estimate
     render_estimate(console, result.estimate, cluster, model.with_seq_len(training.seq_len),
                     result.objective, result.value)
+    searched = (f"; beam {result.beam}, {result.candidates} plans compared"
+                if result.beam > 1 else "")
     console.print(f"[bold]policy[/]: objective {result.objective} = {result.value:.4f} s over "
                   f"{result.samples} bandwidth samples (seed {result.seed}); {result.steps} "
-                  f"steps ({result.forced} forced) in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
+                  f"steps ({result.forced} forced"
+                  f"{searched}"
+                  f") in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
                   f"({result.forward_s * 1e3:.1f} ms forward passes), "
                   f"{result.setup_s * 1e3:.1f} ms setup; {result.policy}", highlight=False)
     if not args.no_refine:
         change = (f"{result.raw_value:.4f} s -> {result.value:.4f} s "
                   f"({result.value / result.raw_value - 1:+.1%})"
                   if result.value < result.raw_value else "no better split found")
-        console.print(f"[bold]refinement[/] (micro-batches, recompute, layer split of the "
-                      f"rollout's stages): {change} in {result.refine_s * 1e3:.1f} ms"
+        of = "the best structures'" if result.beam > 1 else "the rollout's"
+        console.print(f"[bold]refinement[/] (micro-batches, recompute, layer split of {of} "
+                      f"stages): {change} in {result.refine_s * 1e3:.1f} ms"
                       f"{'' if result.refine_complete else ' (step budget reached)'}",
                       highlight=False)
     if other is not None:
@@ -565,6 +578,15 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if out is not None:
         console.print(f"plan written to {out} (check it with: hetpar estimate --plan {out} ...)")
     return 0
+
+
+def _beam_arg(beam: int | None) -> int:
+    if beam is None:
+        from hetpar.agents.planner import DEFAULT_BEAM
+        return DEFAULT_BEAM
+    if beam < 1:
+        raise ConfigError("--beam", "", f"must be at least 1, got {beam}")
+    return beam
 
 
 def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
@@ -588,6 +610,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     if args.objective is not None:
         Objective.parse(args.objective)
+    beam = _beam_arg(args.beam)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(str(out), "", "exists and is not a folder")
@@ -601,7 +624,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--n", "", f"the suite {suite.name} has {suite.size} instances, "
                                      f"asked for {args.n}")
     bundle = None
-    if "policy" in methods or "policy-raw" in methods:
+    if any(m.startswith("policy") for m in methods):
         from hetpar.agents.io import load_policy
         bundle = load_policy(args.policy)
 
@@ -615,7 +638,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         result = evaluate(
             suite, args.n, methods, bundle=bundle, objective=args.objective,
             samples=args.samples, seed=args.seed, time_limit=args.time_limit,
-            workers=args.workers,
+            workers=args.workers, beam=beam,
             progress=lambda i, m: bar.update(task, advance=1),
             on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
     paths = write_outputs(result, out)

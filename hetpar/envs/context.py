@@ -42,10 +42,11 @@ class InstanceContext:
     _caps: dict[tuple, Any] = field(default_factory=dict)
     _feasible_m: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
     _any_m: dict[tuple[str, int], bool] = field(default_factory=dict)
+    witness: bool = True  # oracles try a greedy completion before searching
 
     @classmethod
     def build(cls, instance: Instance, *, samples: int, constants: CostConstants | None,
-              max_micro: int) -> InstanceContext:
+              max_micro: int, witness: bool = True) -> InstanceContext:
         cluster, training = instance.cluster, instance.training
         seed = instance.seed if instance.seed >= 0 else 0
         cm = CostModel(cluster, instance.model, training, constants=constants,
@@ -61,7 +62,7 @@ class InstanceContext:
                                   f"{training.precision} training")
         return cls(instance, cm, space, classes, micro, cm.model_flops_per_iter / peak,
                    np.array([h.num_gpus for h in cluster.hosts], dtype=np.float32),
-                   np.array(classes.of_host, dtype=np.int64))
+                   np.array(classes.of_host, dtype=np.int64), witness=witness)
 
     @property
     def full_free(self) -> tuple[int, ...]:
@@ -79,7 +80,8 @@ class InstanceContext:
         if hit is None:
             hit = self._oracles[key] = Completions(self.cm, self.space, self.classes,
                                                    recompute, zero, m,
-                                                   shared_caps=self._caps)
+                                                   shared_caps=self._caps,
+                                                   witness=self.witness)
         return hit
 
     def allowed_memory_option(self, recompute: str, zero: int) -> bool:

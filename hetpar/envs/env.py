@@ -47,7 +47,7 @@ unchanged, gives ``invalid_action_reward`` and ``info["invalid_action"] = True``
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
@@ -110,7 +110,8 @@ class PlanBuilderEnv(gym.Env):
                  instances: int | None = None, max_layers: int = 128, max_micro: int = 16,
                  max_tp: int = 16, render_mode: str | None = None,
                  constants: CostConstants | None = None, cache_size: int = 512,
-                 invalid_action_reward: float = -1.0, max_invalid_actions: int = 32) -> None:
+                 invalid_action_reward: float = -1.0, max_invalid_actions: int = 32,
+                 mask_witness: bool = True) -> None:
         if bandwidth not in ("sampled", "robust"):
             raise ConfigError("", "bandwidth", f"expected 'sampled' or 'robust', got {bandwidth!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -133,6 +134,7 @@ class PlanBuilderEnv(gym.Env):
         self.constants = constants
         self.invalid_action_reward = float(invalid_action_reward)
         self.max_invalid_actions = max_invalid_actions
+        self.mask_witness = bool(mask_witness)
         self.action_space = spaces.Discrete(self.layout.n)
         self.observation_space = observation_space(self.max_hosts)
         self._cache: OrderedDict[int, InstanceContext] = OrderedDict()
@@ -155,7 +157,8 @@ class PlanBuilderEnv(gym.Env):
         self._check_instance(inst)
         ctx = InstanceContext.build(inst, samples=max(self.samples, 1) if
                                     self.bandwidth_mode == "robust" else 0,
-                                    constants=self.constants, max_micro=self.layout.max_micro)
+                                    constants=self.constants, max_micro=self.layout.max_micro,
+                                    witness=self.mask_witness)
         ctx.check_feasible()
         self._cache[index] = ctx
         routes = route_links(ctx)
@@ -306,6 +309,35 @@ class PlanBuilderEnv(gym.Env):
                 "feasible": bool(feasible), "instance": ep.ctx.instance.name,
                 "objective": self.objective.name, "reward": reward}
         return self._observation(), float(reward), True, False, info
+
+    # ---- search over episodes -----------------------------------------------------------
+    def snapshot(self) -> _Episode:
+        """An independent copy of the episode so far, for ``restore``: planners that
+        search over action sequences (beam search) branch from it without re-playing.
+        Opaque: only ``restore`` of the same environment reads it."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        return _copy_episode(ep)
+
+    def restore(self, state: _Episode) -> dict[str, np.ndarray]:
+        """Continue from a ``snapshot`` of an episode of this environment's current
+        instance; returns its observation. The snapshot itself stays unchanged."""
+        ep = self._ep
+        if ep is None or state.ctx is not ep.ctx:
+            raise RuntimeError("restore() takes a snapshot of the current instance's episode")
+        self._ep = _copy_episode(state)
+        self._mask_cache = None
+        return self._observation()
+
+    def state_key(self) -> tuple:
+        """A hashable key of the episode state: equal keys have equal futures (the same
+        stages, free GPUs and open stage, whatever order the blocks were added in)."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
+                tuple(ep.built), ep.open_tp, tuple(sorted(ep.open_blocks.items())))
 
     # ---- masks -------------------------------------------------------------------------
     def action_masks(self) -> np.ndarray:
@@ -503,6 +535,14 @@ class PlanBuilderEnv(gym.Env):
     def phase_name(self) -> str:
         ep = self._ep
         return ("memory", "micro_batches", "tp", "blocks", "done")[ep.phase if ep else 0]
+
+
+def _copy_episode(ep: _Episode) -> _Episode:
+    # What steps mutate in place is copied; the instance context and pair features are
+    # shared (read-only).
+    return replace(ep, free=list(ep.free), built=list(ep.built),
+                   open_blocks=dict(ep.open_blocks), open_use=ep.open_use.copy(),
+                   layer_gpus=ep.layer_gpus.copy(), previous=ep.previous.copy())
 
 
 def random_masked_action(env: PlanBuilderEnv, rng: np.random.Generator) -> int:

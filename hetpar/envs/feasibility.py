@@ -17,13 +17,20 @@ their free counts, and answers are memoised per (recompute, ZeRO, micro-batch co
 The search stops expanding a state as soon as its answer reaches an upper bound given by
 the total free memory, which makes loose instances cheap; tight ones are exhaustive but
 memoised.
+
+Before searching, each query asks a greedy *witness*: one sequence of stages built by a
+fixed rule (the stage that holds the most layers, its blocks packed onto the fullest
+hosts), whose prefixes place an interval of counts each. Every count it reports is backed
+by a real completion, so masks stay safe; it answers most "yes" queries of large clusters
+in microseconds, where the exhaustive search would spend its whole budget in one corner
+of the tree and report a false "no".
 """
 
 from __future__ import annotations
 
 import math
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +38,8 @@ from hetpar.costmodel.estimate import CostModel
 from hetpar.solvers.space import PlanSpace
 
 __all__ = ["Completions", "bits_upto", "HostClasses"]
+
+_PROBE = 16  # search expansions before a query asks the greedy witness
 
 
 def bits_upto(n: int) -> int:
@@ -100,7 +109,7 @@ class Completions:
 
     def __init__(self, cm: CostModel, space: PlanSpace, classes: HostClasses, recompute: str,
                  zero: int, micro_batches: int, budget: int = 400,
-                 shared_caps: dict | None = None) -> None:
+                 shared_caps: dict | None = None, witness: bool = True) -> None:
         self.cm = cm
         self.space = space
         self.classes = classes
@@ -116,9 +125,11 @@ class Completions:
         self._keys: dict[tuple[int, ...], tuple] = {}  # free vector -> canonical key
         self._caps: dict[tuple, int] = {}
         self._density: dict[tuple, float] = {}
+        self._witness: dict[tuple, int] = {}  # canonical closed state -> witnessed counts
         # Capacities and memory coefficients, shared by the oracles of one instance.
         self.shared_caps: dict[tuple, Any] = {} if shared_caps is None else shared_caps
         self.budget = budget
+        self.use_witness = witness  # off: the exhaustive search alone (tests compare them)
         self._left = budget
         self.queries = 0
         self.cut_queries = 0  # queries whose answer may be a false "unreachable"
@@ -227,9 +238,11 @@ class Completions:
             hit = self._density[key] = best
         return hit
 
-    def upper(self, free: Sequence[int], j: int) -> int:
-        """Layers that the free GPUs could hold at most from construction index ``j``."""
-        total = 0.0
+    def upper(self, free: Sequence[int], j: int, extra: float = 0.0) -> int:
+        """Layers that the free GPUs could hold at most from construction index ``j``
+        (plus ``extra`` layers' worth of GPUs already in an open stage: rounded down once,
+        with the rest, since each part rounded down alone could fall below the truth)."""
+        total = extra
         for c, m in enumerate(self.classes.members):
             n = 0
             for h in m:
@@ -248,10 +261,11 @@ class Completions:
     def closed(self, free: Sequence[int], j: int, want: int) -> bool:
         """Whether some count ``r`` of remaining layers with bit ``r`` set in ``want`` can
         be placed from a state with no open stage."""
-        self._left = self.budget
-        out = bool(self._closed_rec(list(free), j, want) & want)
+        free = list(free)
+        got = self._answer(lambda w: self._closed_rec(free, j, w),
+                           lambda: self.witness_closed(free, j), want)
         self._count()
-        return out
+        return bool(got)
 
     def closed_all(self, free: Sequence[int], j: int, want: int) -> int:
         """Exactly which counts in ``want`` can be placed from a state with no open stage
@@ -259,8 +273,8 @@ class Completions:
         found = 0
         free = list(free)
         while want:
-            self._left = self.budget
-            got = self._closed_rec(free, j, want) & want
+            got = self._answer(lambda w: self._closed_rec(free, j, w),
+                               lambda: self.witness_closed(free, j), want)
             self._count()
             if not got:
                 break
@@ -271,10 +285,155 @@ class Completions:
     def open(self, free: Sequence[int], j: int, cls: int, tp: int, dp: int, want: int) -> bool:
         """The same for an open stage of class ``cls`` with ``dp`` blocks already taken
         (``free`` is after taking them)."""
-        self._left = self.budget
-        out = bool(self._open_rec(list(free), j, cls, tp, dp, want) & want)
+        free = list(free)
+        got = self._answer(lambda w: self._open_rec(free, j, cls, tp, dp, w),
+                           lambda: self.witness_open(free, j, cls, tp, dp), want)
         self._count()
-        return out
+        return bool(got)
+
+    def _answer(self, search: Callable[[int], int], witness: Callable[[], int],
+                want: int) -> int:
+        """The wanted counts found reachable: a short probe of the search (memo hits and
+        fast paths answer most queries), then the witness, then the search with its whole
+        budget (which resumes from what the probe memoised)."""
+        if self.use_witness:
+            self._left = _PROBE
+            got = search(want) & want
+            if got or self._left > 0:  # found, or searched in full within the probe
+                return got
+            got = witness() & want
+            if got:
+                return got
+        self._left = self.budget
+        return search(want) & want
+
+    # ---- greedy witnesses ----------------------------------------------------------------
+    def witness_closed(self, free: Sequence[int], j: int) -> int:
+        """Counts of remaining layers that one greedily built completion places from a
+        state with no open stage (a subset of the reachable counts)."""
+        key = (self.key(free), min(j, self.m))
+        hit = self._witness.get(key)
+        if hit is None:
+            hit = self._witness[key] = self._chain(list(free), j)
+        return hit
+
+    def witness_open(self, free: Sequence[int], j: int, cls: int, tp: int, dp: int) -> int:
+        """The same for an open stage of ``dp`` blocks (``free`` is after taking them): the
+        stage grows to each replica count that divides the micro-batch, its blocks packed
+        greedily, then closes as the first stage or before a greedy completion."""
+        free = list(free)
+        out, taken, d = 0, [], dp
+        avail = self._free_blocks(free, cls, tp)
+        while True:
+            if not self.mb % d:
+                out |= bits_upto(self.capacity(cls, tp, d, j, True))
+                cap = self.capacity(cls, tp, d, j, False)
+                if cap:
+                    out |= _smear_up(self.witness_closed(free, j + 1), cap)
+            nxt = next((e for e in self._dps if e > d), 0)
+            if not nxt or nxt - dp > avail:
+                break
+            taken += self._take(free, cls, tp, nxt - d)
+            d = nxt
+        for h in taken:
+            free[h] += tp
+        return out & self._all
+
+    def _free_blocks(self, free: Sequence[int], cls: int, tp: int) -> int:
+        return sum(free[h] // tp for h in self._eligible[cls, tp])
+
+    def _take(self, free: list[int], cls: int, tp: int, n: int) -> list[int]:
+        """Take ``n`` blocks of ``tp`` GPUs of type ``cls`` from the hosts with the fewest
+        free GPUs first (which keeps whole hosts free for wide TP later); the hosts taken
+        from, one entry per block."""
+        taken: list[int] = []
+        for h in sorted(self._eligible[cls, tp], key=lambda h: free[h]):
+            while free[h] >= tp and len(taken) < n:
+                free[h] -= tp
+                taken.append(h)
+            if len(taken) == n:
+                break
+        return taken
+
+    def _level(self, free: Sequence[int], j: int,
+               ) -> tuple[list[tuple[int, int, int, int]], tuple[int, int, int, int] | None]:
+        """The stage shapes the free GPUs allow at index ``j``: (capacity as the first
+        stage, type, tp, replicas) of each, and the shape that holds the most layers as
+        a stage before others, fewest GPUs on ties (``(capacity, type, tp, replicas)``)."""
+        firsts: list[tuple[int, int, int, int]] = []
+        best: tuple[int, int, int, int] | None = None
+        for c in range(len(self.classes.members)):
+            for tp in self._tps[c]:
+                avail = self._free_blocks(free, c, tp)
+                for d in self._dps:
+                    if d > avail:
+                        break
+                    firsts.append((self.capacity(c, tp, d, j, True), c, tp, d))
+                    cap = self.capacity(c, tp, d, j, False)
+                    if cap and (best is None or cap > best[0] or
+                                cap == best[0] and tp * d < best[2] * best[3]):
+                        best = (cap, c, tp, d)
+        return firsts, best
+
+    def _chain(self, free: list[int], j: int) -> int:
+        """Build stages from index ``j`` on: at each index, every stage shape that fits the
+        free GPUs may close the plan as its first stage (an interval of counts); otherwise
+        the shape of ``_level`` is placed and the chain goes on with what is left. ``free``
+        is restored."""
+        firsts, best = self._level(free, j)
+        out = 0
+        for cap, *_ in firsts:
+            out |= bits_upto(cap)
+        if best is not None and out & self._all != self._all:
+            cap, c, tp, d = best
+            taken = self._take(free, c, tp, d)
+            out |= _smear_up(self.witness_closed(free, j + 1), cap)
+            for h in taken:
+                free[h] += tp
+        return out & self._all
+
+    def witness_completion(self, free: Sequence[int], j: int, r: int, *,
+                           open_stage: tuple[int, int, int] | None = None,
+                           ) -> list[tuple[int, int, tuple[int, ...], int]] | None:
+        """The completion behind a witnessed count ``r``: stages in construction order as
+        (type, tp, the host of each block, layers), the open stage ``(type, tp, replicas
+        taken)`` first (its blocks so far are not listed); None when ``r`` is not
+        witnessed. For tests and diagnostics: it retraces ``_chain`` and ``witness_open``."""
+        free = list(free)
+        out: list[tuple[int, int, tuple[int, ...], int]] = []
+        if open_stage is not None:
+            cls, tp, dp = open_stage
+            grown: list[int] = []
+            d = dp
+            while True:
+                if not self.mb % d:
+                    if self.capacity(cls, tp, d, j, True) >= r:
+                        return [(cls, tp, tuple(grown), r)]
+                    cap = self.capacity(cls, tp, d, j, False)
+                    for k in range(1, min(cap, r - 1) + 1):
+                        if self.witness_closed(free, j + 1) >> (r - k) & 1:
+                            rest = self.witness_completion(free, j + 1, r - k)
+                            assert rest is not None
+                            return [(cls, tp, tuple(grown), k)] + rest
+                nxt = next((e for e in self._dps if e > d), 0)
+                if not nxt or nxt - d > self._free_blocks(free, cls, tp):
+                    return None
+                grown += self._take(free, cls, tp, nxt - d)
+                d = nxt
+        firsts, best = self._level(free, j)
+        for cap, c, tp, d in firsts:
+            if cap >= r:
+                return [(c, tp, tuple(self._take(free, c, tp, d)), r)]
+        if best is None:
+            return None
+        cap, c, tp, d = best
+        taken = tuple(self._take(free, c, tp, d))
+        for k in range(1, min(cap, r - 1) + 1):
+            if self.witness_closed(free, j + 1) >> (r - k) & 1:
+                rest = self.witness_completion(free, j + 1, r - k)
+                assert rest is not None
+                return out + [(c, tp, taken, k)] + rest
+        return None
 
     def _count(self) -> None:
         self.queries += 1
@@ -318,7 +477,7 @@ class Completions:
         key = (self.key(free), min(j, self.m), cls, tp, dp)
         entry = self._open.get(key)
         if entry is None:
-            ub = self.upper(free, j) + int(tp * dp * self.density(cls, j) + 1e-9)
+            ub = self.upper(free, j, tp * dp * self.density(cls, j))
             entry = self._open[key] = [0, self._all & ~bits_upto(ub)]
         if entry[0] & want or not want & ~entry[1]:
             return entry[0]

@@ -1,0 +1,172 @@
+"""Planning with a policy: the numpy forward pass, episode snapshots and beam search."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sb3_contrib")
+torch = pytest.importorskip("torch")
+
+from sb3_contrib import MaskablePPO  # noqa: E402
+
+from hetpar.agents.inference import NumpyLogits  # noqa: E402
+from hetpar.agents.io import default_policy_path, load_policy  # noqa: E402
+from hetpar.agents.planner import forward_for, plan_with_policy  # noqa: E402
+from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
+from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
+from hetpar.envs.generator import load_suite  # noqa: E402
+from hetpar.errors import ConfigError  # noqa: E402
+from hetpar.plan import validate_plan  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    if not default_policy_path().is_file():
+        pytest.skip("no shipped policy in this checkout")
+    return load_policy(None)
+
+
+@pytest.fixture(scope="module")
+def larger_env() -> PlanBuilderEnv:
+    return PlanBuilderEnv(load_suite("test-larger").instances(3), max_hosts=20,
+                          bandwidth="robust", samples=2)
+
+
+def _observations(env: PlanBuilderEnv, episodes: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Observations of random masked episodes, every phase included."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for e in range(episodes):
+        obs, _ = env.reset(seed=seed + e)
+        while True:
+            out.append(obs)
+            allowed = np.flatnonzero(env.action_masks())
+            obs, _, done, _, _ = env.step(int(rng.choice(allowed)))
+            if done:
+                break
+    return out
+
+
+def _torch_logits(extractor, observations) -> np.ndarray:
+    batch = {k: torch.as_tensor(np.stack([o[k] for o in observations])) for k in observations[0]}
+    with torch.inference_mode():
+        return extractor(batch)[:, :extractor.n_actions].numpy()
+
+
+@pytest.mark.parametrize("kwargs", [dict(dim=32, heads=2, rounds=1, edge_dim=16, value_dim=16),
+                                    dict(dim=48, heads=4, rounds=3, edge_dim=8, value_dim=32)])
+def test_numpy_logits_equal_the_torch_network(larger_env, kwargs):
+    model = MaskablePPO(HostAttentionPolicy, larger_env, policy_kwargs=kwargs, n_steps=64,
+                        batch_size=32, seed=3, device="cpu")
+    ex = model.policy.features_extractor
+    # Random weights are small: scale them so that every term matters.
+    with torch.no_grad():
+        for p in ex.parameters():
+            p.mul_(3.0)
+    fast = NumpyLogits(ex)
+    observations = _observations(larger_env, 3, seed=1)
+    for batch in ([observations[0]], observations[:5], observations[5:40]):
+        want = _torch_logits(ex, batch)
+        got = fast({k: np.stack([o[k] for o in batch]) for k in batch[0]})
+        assert got.shape == want.shape
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_numpy_logits_equal_the_shipped_network(shipped):
+    env = shipped.make_env(load_suite("test-larger").instances(2), samples=2)
+    ex = shipped.model.policy.features_extractor
+    observations = _observations(env, 2, seed=5)
+    want = _torch_logits(ex, observations)
+    got = forward_for(shipped.model.policy)(observations)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_snapshot_restore_replays_the_same_episode(larger_env):
+    rng = np.random.default_rng(0)
+    obs, _ = larger_env.reset(seed=0, options={"instance": 1})
+    for _ in range(3):
+        obs, *_ = larger_env.step(int(rng.choice(np.flatnonzero(larger_env.action_masks()))))
+    snap = larger_env.snapshot()
+    key = larger_env.state_key()
+    actions, seen = [], []
+    while True:
+        a = int(rng.choice(np.flatnonzero(larger_env.action_masks())))
+        obs, reward, done, _, info = larger_env.step(a)
+        actions.append(a)
+        seen.append((obs, reward))
+        if done:
+            break
+    restored = larger_env.restore(snap)
+    assert larger_env.state_key() == key
+    for a, (obs_then, reward_then) in zip(actions, seen):
+        assert larger_env.action_masks()[a]
+        obs_now, reward_now, done, _, info_now = larger_env.step(a)
+        assert reward_now == reward_then
+        for k in obs_then:
+            assert np.array_equal(obs_now[k], obs_then[k])
+    assert done and info_now["plan"] == info["plan"]
+    # The snapshot is untouched by what was played after it: it can be restored again.
+    assert larger_env.restore(snap)["hosts"].shape == restored["hosts"].shape
+    assert larger_env.state_key() == key
+
+
+def test_blocks_added_in_another_order_reach_the_same_state(larger_env):
+    larger_env.reset(seed=0, options={"instance": 0})
+    lay = larger_env.layout
+    keys = []
+    for order in ((0, 1), (1, 0)):
+        larger_env.reset(seed=0, options={"instance": 0})
+        while larger_env.phase_name() != "tp":
+            # The fewest micro-batches: large ones, which leave room for several replicas.
+            larger_env.step(int(np.flatnonzero(larger_env.action_masks())[0]))
+        tp_actions = [lay.tp(1 << t) for t in range(lay.max_tp_log2 + 1)]
+        larger_env.step(next(a for a in tp_actions if larger_env.action_masks()[a]))
+        hosts = np.flatnonzero(larger_env.action_masks()[lay.start("host"):
+                                                        lay.start("host") + lay.max_hosts])
+        same = [h for h in hosts if larger_env.context.classes.of_host[h]
+                == larger_env.context.classes.of_host[hosts[0]]][:2]
+        if len(same) < 2:
+            pytest.skip("no two hosts of one type allowed here")
+        for i in order:
+            assert larger_env.action_masks()[lay.host(int(same[i]))]
+            larger_env.step(lay.host(int(same[i])))
+        keys.append(larger_env.state_key())
+    assert keys[0] == keys[1]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_greedy_planning_matches_sb3_deterministic_prediction(shipped, index):
+    inst = load_suite("test-iid").instance(index)
+    res = plan_with_policy(shipped, inst, refine=False, samples=4)
+    env = shipped.make_env([inst], samples=4)
+    obs, _ = env.reset(seed=0, options={"instance": 0})
+    while True:
+        action, _ = shipped.model.predict(obs, action_masks=env.action_masks(),
+                                          deterministic=True)
+        obs, _, done, _, info = env.step(int(action))
+        if done:
+            break
+    assert res.plan == info["plan"]
+
+
+@pytest.mark.parametrize("suite,index", [("test-iid", 3), ("test-iid", 4), ("test-geo", 1),
+                                         ("test-geo", 3)])
+def test_beam_search_is_never_worse_than_the_greedy_rollout(shipped, suite, index):
+    inst = load_suite(suite).instance(index)
+    greedy = plan_with_policy(shipped, inst, samples=4)
+    for width in (2, 4):
+        res = plan_with_policy(shipped, inst, samples=4, beam=width)
+        assert res.raw_value <= greedy.raw_value * (1 + 1e-12)
+        assert res.value <= greedy.value * (1 + 1e-12)
+        assert math.isfinite(res.value)
+        validate_plan(res.plan, inst.cluster, inst.model, inst.training)
+    assert plan_with_policy(shipped, inst, samples=4, beam=4).plan == res.plan  # deterministic
+
+
+def test_beam_width_below_one_is_refused(shipped):
+    inst = load_suite("test-iid").instance(0)
+    with pytest.raises(ConfigError, match="beam"):
+        plan_with_policy(shipped, inst, beam=0)

@@ -44,7 +44,7 @@ def test_bundled_configs_parse() -> None:
         assert cfg.env["max_hosts"] >= 4
     assert resolve_train_config_path("configs/train/tiny.yaml").is_file()
     default = load_train_config("default")
-    assert default.suite == "train-small" and default.env["max_hosts"] >= 16
+    assert default.suite == "train-mixed" and default.env["max_hosts"] >= 16
     assert default.eval["start"] >= 1000  # held-out evaluation instances
 
 

@@ -303,6 +303,7 @@ class Completions:
                 return got
             got = witness() & want
             if got:
+                self._left = 1  # answered by the witness: not a query cut by the budget
                 return got
         self._left = self.budget
         return search(want) & want

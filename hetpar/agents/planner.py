@@ -212,7 +212,7 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                 plan, info, stats = _greedy(env, forward, obs, bundle)
                 candidates = [plan]
             else:
-                candidates, info, stats = _beam_search(env, forward, obs, bundle, beam)
+                candidates, info, stats = _beam_search(env, forward, bundle, beam)
         inference_s = time.perf_counter() - start
     finally:
         if threads is not None:
@@ -343,8 +343,7 @@ class _Beam:
     greedy: bool  # every action so far was the most likely one
 
 
-def _beam_search(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
-                 width: int,
+def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
                  ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
     """Beam search over action sequences by the policy's log-probability: at each depth
     every live beam proposes its ``width`` most likely allowed actions, and the ``width``

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE",
                    help="policy file for the 'policy' strategy (default: the shipped policy; "
                         "skipped with a note when none is available)")
-    p.add_argument("--beam", type=int, default=4, metavar="W",
+    p.add_argument("--beam", type=int, default=None, metavar="W",
                    help="beam width of the policy's planning (default 4; 1: one rollout)")
     p.add_argument("--strategies", default="static,robust,policy,exact,exact-rt",
                    help="comma-separated: static, robust, policy, exact (oracle: planning "
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, log: Any) -> int:
     for flag, value in (("--time-limit", args.time_limit), ("--lookahead", args.lookahead),
                         ("--storage-gbps", args.storage_gbps)):
         _positive(flag, value)
-    if args.beam < 1:
+    if args.beam is not None and args.beam < 1:
         raise ConfigError("--beam", "", f"must be at least 1, got {args.beam}")
     if args.restart_s is not None and args.restart_s < 0:
         raise ConfigError("--restart-s", "", f"must not be negative, got {args.restart_s:g}")

@@ -63,7 +63,7 @@ class ScenarioRun:
 def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[int], *,
                  planners: Planners | None = None, policy_path: str | None = None,
                  iterations: int | None = None, time_limit_s: float | None = None,
-                 lookahead_s: float | None = None, beam: int = 4,
+                 lookahead_s: float | None = None, beam: int | None = None,
                  log: Callable[[str], None] | None = None) -> ScenarioRun:
     from hetpar.workload.model import load_model
     from hetpar.workload.training import load_training

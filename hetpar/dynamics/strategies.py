@@ -119,7 +119,7 @@ class Planners:
     training: TrainingSpec
     time_limit_s: float = 5.0
     policy_path: str | None = None
-    beam: int = 4  # of the policy's planning (hetpar.agents.planner.DEFAULT_BEAM)
+    beam: int | None = None  # of the policy's planning (None: the planner's DEFAULT_BEAM)
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
     _cms: dict[str, CostModel] = field(default_factory=dict)
@@ -203,13 +203,13 @@ class Planners:
         key = ("policy", state.key)
         hit = self._plans.get(key)
         if hit is None:
-            from hetpar.agents.planner import plan_with_policy
+            from hetpar.agents.planner import DEFAULT_BEAM, plan_with_policy
             bundle = self.bundle()
             start = time.perf_counter()
             try:
                 pp = plan_with_policy(bundle, cluster_at(state.cluster, state.bandwidth),
                                       self.model, self.training, objective="mean", samples=1,
-                                      beam=self.beam)
+                                      beam=self.beam or DEFAULT_BEAM)
                 plan, value = pp.plan, pp.value
             except HetparError:
                 plan, value = None, math.inf  # e.g. more hosts than the policy handles

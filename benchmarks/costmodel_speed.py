@@ -4,8 +4,9 @@
 
 Prints, side by side from one run on one core:
 * estimates/s for one plan with K = 1 and K = 32 bandwidth samples, on amp-het-16 and on
-  a 256-GPU cluster, for the search fast path (``CostModel.iteration_times``) and the full
-  report (``CostModel.evaluate``, with and without validation);
+  a 256-GPU cluster, for the search fast path (``CostModel.iteration_times``) on a pipeline
+  structure already scored (its transfer terms kept, ``costmodel/frame.py``) and on a new
+  one, and for the full report (``CostModel.evaluate``, with and without validation);
 * per-estimate time on leaf-spine clusters of 32, 128 and 512 GPUs (4-GPU hosts) with a
   plan of the same shape (tp 4, 4 stages, data parallel over the rest), once routes are
   precomputed, and its growth relative to the host count.
@@ -70,7 +71,8 @@ def main() -> None:
         pass
 
     print("== estimates per second for one plan (one core) ==")
-    print(f"{'instance':<34} {'K':>3} {'fast path/s':>12} {'report/s':>10} {'validated/s':>12}")
+    print(f"{'instance':<34} {'K':>3} {'fast path/s':>12} {'new struct/s':>13} {'report/s':>10} "
+          f"{'validated/s':>12}")
     cases = [
         ("amp-het-16 + gpt2-medium (8 st.)", hetpar.load_cluster("amp-het-16"),
          hetpar.load_model("gpt2-medium"), hetpar.load_training(),
@@ -83,10 +85,15 @@ def main() -> None:
         for k in (1, 32):
             cm = hetpar.CostModel(cluster, model, training, samples=k, seed=0)
             fast = per_call_us(lambda: cm.iteration_times(plan), args.repeat)
+            cold = per_call_us(lambda: (cm._frames.clear(), cm.iteration_times(plan)),
+                               args.repeat // 2)
             full = per_call_us(lambda: cm.evaluate(plan, validate=False), args.repeat // 2)
             checked = per_call_us(lambda: cm.evaluate(plan), args.repeat // 2)
-            print(f"{name:<34} {k:>3} {1e6 / fast:>12,.0f} {1e6 / full:>10,.0f} "
-                  f"{1e6 / checked:>12,.0f}")
+            print(f"{name:<34} {k:>3} {1e6 / fast:>12,.0f} {1e6 / cold:>13,.0f} "
+                  f"{1e6 / full:>10,.0f} {1e6 / checked:>12,.0f}")
+    print("(fast path: a structure already scored, as in a layer-split search, which reuses "
+          "its\n transfer terms; new struct: every call builds them, as for a plan of a new "
+          "structure)")
 
     print("\n== per-estimate time against cluster size (K = 32, fast path) ==")
     model, training = hetpar.load_model("llama2-13b"), hetpar.load_training({"global_batch": 512})

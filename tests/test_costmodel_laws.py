@@ -9,6 +9,8 @@ follows its closed form; estimates are seeded, and their risk measures are order
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import itertools
 
 import numpy as np
@@ -515,3 +517,64 @@ def test_infeasible_plan_scores_infinite():
     small = Plan(stages=plan.stages, micro_batches=32, recompute="full")
     assert estimate(cluster, model, training, small, samples=4, seed=0,
                     constants=CONSTANTS).feasible
+
+
+# ---- a pipeline structure's frame serves every layer split ------------------------------
+
+def _resplit(plan, layers):
+    return Plan(tuple(dataclasses.replace(s, layers=n) for s, n in zip(plan.stages, layers)),
+                plan.micro_batches, plan.recompute, plan.zero)
+
+
+def _same_core(a, b):
+    np.testing.assert_array_equal(a.total, b.total)
+    assert a.feasible == b.feasible
+    assert a.used == b.used and a.params == b.params
+    np.testing.assert_array_equal(a.stage_s, b.stage_s)
+    np.testing.assert_array_equal(a.boundary, b.boundary)
+    np.testing.assert_array_equal(np.asarray(a.dp_time), np.asarray(b.dp_time))
+
+
+@LAWS
+@given(instances(variable=True), st.data())
+def test_a_frame_scores_every_split_of_its_structure(inst, data):
+    """The transfer terms kept per structure (costmodel/frame.py) are those of a plan
+    scored from scratch, whatever split the frame was first built for."""
+    cluster, model, training, plan = inst
+    p = plan.num_stages
+    cuts = sorted(data.draw(st.lists(st.integers(1, model.layers - 1), min_size=p - 1,
+                                     max_size=p - 1, unique=True))) if p > 1 else []
+    bounds = [0, *cuts, model.layers]
+    other = _resplit(plan, [b - a for a, b in zip(bounds, bounds[1:])])
+    cm = cost_model(cluster, model, training, samples=3, seed=5)
+    frame = cm.frame(plan)
+    fresh = cost_model(cluster, model, training, samples=3, seed=5)
+    _same_core(cm.core_split(frame, [s.layers for s in other.stages]), fresh.core(other))
+    _same_core(cm.core(other), fresh.core(other))
+    assert cm.frame(other) is frame  # one frame per structure
+
+
+@LAWS
+@given(instances(variable=True), st.data())
+def test_frames_are_not_shared_across_bandwidth_states(inst, data):
+    cluster, model, training, plan = inst
+    cm = cost_model(cluster, model, training, samples=2, seed=1)
+    cm.core(plan)
+    states = bandwidth_states(data.draw, cluster, 2)
+    _same_core(cm.with_bandwidth(states).core(plan),
+               cost_model(cluster, model, training, bandwidth=states).core(plan))
+
+
+def test_a_cost_model_keeps_a_bounded_number_of_frames(monkeypatch):
+    estimate_module = importlib.import_module("hetpar.costmodel.estimate")
+    monkeypatch.setattr(estimate_module, "_FRAME_CACHE", 2)
+    cluster = hetpar.load_cluster("amp-het-16")
+    model, training = hetpar.load_model("gpt2-medium"), hetpar.load_training(None)
+    cm = cost_model(cluster, model, training, samples=1)
+    plan = Plan.from_dict({"micro_batches": 8, "stages": [
+        {"layers": 24, "tp": 1, "replicas": [{"host": cluster.hosts[0].name, "gpus": [0]}]}]})
+    for m in (2, 4, 8, 16):
+        want = cost_model(cluster, model, training, samples=1).core(
+            dataclasses.replace(plan, micro_batches=m))
+        _same_core(cm.core(dataclasses.replace(plan, micro_batches=m)), want)
+    assert len(cm._frames) == 2

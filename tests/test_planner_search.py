@@ -86,6 +86,30 @@ def test_numpy_logits_equal_the_shipped_network(shipped):
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
+def test_logits_asked_with_masks_are_those_of_the_allowed_actions(shipped):
+    """With the masks, the heads of forbidden decision kinds are skipped; every allowed
+    action keeps its full logit, alone or in a batch of mixed phases."""
+    env = shipped.make_env(load_suite("test-larger").instances(2), samples=2)
+    forward = forward_for(shipped.model.policy)
+    rng = np.random.default_rng(2)
+    observations, masks = [], []
+    obs, _ = env.reset(seed=4)
+    while True:
+        observations.append(obs)
+        masks.append(env.action_masks().copy())
+        obs, _, done, _, _ = env.step(int(rng.choice(np.flatnonzero(masks[-1]))))
+        if done:
+            break
+    for i in range(len(observations)):
+        got, full = forward([observations[i]], [masks[i]])[0], forward([observations[i]])[0]
+        assert np.array_equal(got[masks[i]], full[masks[i]])
+    got, full = forward(observations[:6], masks[:6]), forward(observations[:6])
+    for i in range(6):
+        assert np.array_equal(got[i][masks[i]], full[i][masks[i]])
+    kinds = {bool(m[:27].any()) for m in masks}, {bool(m[-128:].any()) for m in masks}
+    assert kinds == ({True, False}, {True, False})  # every phase was visited
+
+
 def test_snapshot_restore_replays_the_same_episode(larger_env):
     rng = np.random.default_rng(0)
     obs, _ = larger_env.reset(seed=0, options={"instance": 1})

@@ -126,8 +126,13 @@ class NumpyLogits:
                  np.broadcast_to(np.log1p(k) / math.log1p(max_layers), (g.shape[0], k.size))]
         return np.stack(feats, axis=-1).astype(np.float32)
 
-    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        """Logits (B, n_actions) of a batch of observations (arrays with a batch axis)."""
+    def __call__(self, obs: dict[str, np.ndarray], need: np.ndarray | None = None,
+                 ) -> np.ndarray:
+        """Logits (B, n_actions) of a batch of observations (arrays with a batch axis).
+
+        ``need`` (n_actions booleans: the union of the batch's action masks) lets the
+        heads of the decision kinds it excludes be skipped (host choice, layer count, the
+        three small heads); their logits are left at 0, for a caller that masks them."""
         hosts = np.asarray(obs["hosts"], dtype=np.float32)
         mask = np.asarray(obs["host_mask"], dtype=np.float32)
         pairs = np.asarray(obs["pairs"], dtype=np.float32)
@@ -150,15 +155,20 @@ class NumpyLogits:
         mean = h.sum(1) / count
         mx = np.maximum(np.where(real_n[..., None], h, -1e4).max(1), -1e3)
         z = _run(self.pool, np.concatenate([mean, mx, gz], axis=-1))
-        hz = np.concatenate([h, np.broadcast_to(z[:, None, :], (b, n, z.shape[-1]))], axis=-1)
-        host_logits = _run(self.host_head, hz)[..., 0] * real_n
-        if n < max_hosts:
-            host_logits = np.concatenate([host_logits, np.zeros((b, max_hosts - n),
-                                                                dtype=np.float32)], axis=1)
-        kf = _dense(self._layer_features(g), self.layer_k)
-        layer_logits = _run(self.layer_out, kf + _dense(z, self.layer_z)[:, None, :])[..., 0]
-        return np.concatenate([z @ w_ + b_ for w_, b_ in self.heads] +
-                              [host_logits, layer_logits], axis=1)
+        small = sum(w_.shape[1] for w_, _ in self.heads)
+        host_at, layer_at = small, small + max_hosts
+        out = np.zeros((b, self.n_actions), dtype=np.float32)
+        if need is None or need[:small].any():
+            out[:, :small] = np.concatenate([z @ w_ + b_ for w_, b_ in self.heads], axis=1)
+        if need is None or need[host_at:layer_at].any():
+            hz = np.concatenate([h, np.broadcast_to(z[:, None, :], (b, n, z.shape[-1]))],
+                                axis=-1)
+            out[:, host_at:host_at + n] = _run(self.host_head, hz)[..., 0] * real_n
+        if need is None or need[layer_at:].any():
+            kf = _dense(self._layer_features(g), self.layer_k)
+            out[:, layer_at:] = _run(self.layer_out,
+                                     kf + _dense(z, self.layer_z)[:, None, :])[..., 0]
+        return out
 
     @staticmethod
     def _block(blk: dict[str, Any], h: np.ndarray, bias: np.ndarray, edge_msg: np.ndarray,

@@ -154,7 +154,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                      samples: int | None = None, constants: CostConstants | None = None,
                      threads: int | None = 1, source: str = "", refine: bool = True,
                      refine_steps: int | None = DEFAULT_REFINE_STEPS,
-                     refine_time: float | None = None, beam: int = 1) -> PolicyPlan:
+                     refine_time: float | None = None, beam: int = 1,
+                     refine_candidates: int = REFINE_CANDIDATES) -> PolicyPlan:
     """One deterministic masked rollout of ``bundle``'s policy on one instance.
 
     ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
@@ -165,7 +166,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     ``refine_steps`` search steps and ``refine_time`` seconds (None: no limit; see the
     module docstring). ``beam`` > 1 runs a beam search of that width over the policy's
     log-probabilities instead of the single most-likely rollout (see the module
-    docstring). Raises ConfigError
+    docstring); besides the greedy rollout's structure, the ``refine_candidates`` best
+    other structures it finished are refined. Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -244,13 +246,13 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
             if key not in structures:
                 structures.add(key)
                 picks.append(n)
-            if len(picks) > REFINE_CANDIDATES:
+            if len(picks) > refine_candidates:
                 break
-        best = math.inf
+        best = value  # never worse than the best candidate as it came out of the search
         for n in picks:
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
                               time_limit=refine_time)
-            if ref.value < best:
+            if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
         refine_s = time.perf_counter() - t0
     est = cm.evaluate(plan)
@@ -263,7 +265,9 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                       beam=beam, candidates=len(candidates))
 
 
-Forward = Callable[[list[dict[str, np.ndarray]]], np.ndarray]
+# Logits of a batch of observations; with their action masks, entries that every mask
+# forbids may be left unset (0).
+Forward = Callable[..., np.ndarray]
 
 
 def forward_for(policy: Any) -> Forward:
@@ -276,9 +280,17 @@ def forward_for(policy: Any) -> Forward:
     ex = policy.features_extractor
     if isinstance(ex, HostAttentionExtractor):
         numpy_logits = NumpyLogits(ex)
-        return lambda observations: numpy_logits(_stack(observations))
 
-    def torch_logits(observations: list[dict[str, np.ndarray]]) -> np.ndarray:
+        def logits(observations: list[dict[str, np.ndarray]],
+                   masks: list[np.ndarray] | None = None) -> np.ndarray:
+            # Only the heads of the decision kinds some mask allows are computed.
+            need = None if masks is None else np.logical_or.reduce(masks)
+            return numpy_logits(_stack(observations), need)
+
+        return logits
+
+    def torch_logits(observations: list[dict[str, np.ndarray]],
+                     masks: list[np.ndarray] | None = None) -> np.ndarray:
         import torch
 
         batch = {key: torch.from_numpy(v) for key, v in _stack(observations).items()}
@@ -297,7 +309,7 @@ def _stack(observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 def _act(forward: Forward, obs: dict[str, Any], masks: Any) -> int:
     """The most likely allowed action (MaskablePPO's deterministic prediction)."""
-    logits = forward([obs])[0]
+    logits = forward([obs], [masks])[0]
     return int(np.argmax(np.where(masks, logits, -np.inf)))
 
 
@@ -341,6 +353,8 @@ class _Beam:
     logp: float  # log-probability of the actions so far under the policy
     state: Any  # the environment's snapshot
     greedy: bool  # every action so far was the most likely one
+    obs: dict[str, np.ndarray]  # its observation and action masks, kept from the step
+    masks: np.ndarray           # that reached it (restoring does not rebuild them)
 
 
 def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
@@ -352,7 +366,8 @@ def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
     beam (blocks added in another order) are dropped, and so are actions whose logits tie
     exactly with a kept one (interchangeable hosts, alike for an equivariant policy). One
     batched forward pass per depth. Returns every finished plan, the greedy one first."""
-    beams = [_Beam(0.0, env.snapshot(), True)]
+    root = env.snapshot()
+    beams = [_Beam(0.0, root, True, env.restore(root), env.action_masks().copy())]
     finished: list[Plan] = []
     greedy_plan: Plan | None = None
     steps = forced = 0
@@ -360,15 +375,13 @@ def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
     info: dict[str, Any] = {}
     seen: dict[Any, _Beam] = {}
     while beams:
-        observations, masks = [], []
-        for b in beams:
-            observations.append(env.restore(b.state))
-            masks.append(env.action_masks())
+        observations = [b.obs for b in beams]
+        masks = [b.masks for b in beams]
         ask = [i for i, m in enumerate(masks) if np.count_nonzero(m) > 1]
         logits: dict[int, np.ndarray] = {}
         if ask:
             t0 = time.perf_counter()
-            out = forward([observations[i] for i in ask])
+            out = forward([observations[i] for i in ask], [masks[i] for i in ask])
             forward_s += time.perf_counter() - t0
             logits = dict(zip(ask, out))
         children: list[tuple[float, int, int, bool]] = []
@@ -395,8 +408,8 @@ def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
         for logp, i, action, greedy in children:
             if len(beams) >= width and not greedy:
                 continue
-            env.restore(parents[i].state)
-            _, _, terminated, truncated, step_info = env.step(action)
+            env.restore(parents[i].state, observe=False)
+            obs, _, terminated, truncated, step_info = env.step(action)
             steps += 1
             if terminated:
                 finished.append(step_info["plan"])
@@ -410,7 +423,8 @@ def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
                 # The same future: the greedy rollout continues in the beam already there.
                 seen[key].greedy |= greedy
                 continue
-            seen[key] = child = _Beam(logp, env.snapshot(), greedy)
+            seen[key] = child = _Beam(logp, env.snapshot(), greedy, obs,
+                                      env.action_masks().copy())
             beams.append(child)
     assert greedy_plan is not None  # the greedy child is always kept
     return [greedy_plan] + [p for p in finished if p is not greedy_plan], info, \

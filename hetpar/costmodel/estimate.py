@@ -10,7 +10,7 @@ operation over the K states at once.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +23,18 @@ from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import (in_flight, layer_activation_bytes, logits_bytes,
                                      stage_params_per_gpu)
 from hetpar.costmodel.objective import Objective, cvar
-from hetpar.costmodel.schedule import one_f_one_b
+from hetpar.costmodel.frame import CoreTerms, PlanFrame, StageFrame
+from hetpar.costmodel.schedule import cycle_transfers, one_f_one_b
 from hetpar.errors import ConfigError, PlanError
 from hetpar.plan import Plan, validate_plan
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
 __all__ = ["CostModel", "CoreTerms", "Estimate", "StageCost", "ReplicaMemory", "estimate"]
+
+# Pipeline structures whose frames a CostModel keeps (the oldest go first): a search
+# closes one structure at a time, so recent ones are what it asks for again.
+_FRAME_CACHE = 4096
 
 
 
@@ -212,6 +217,7 @@ class CostModel:
         self._transfer_cache: dict[tuple, list[tuple[int, int, float]]] = {}
         self._memory_cache: dict[tuple, tuple[float, float]] = {}
         self._flow_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
+        self._frames: dict[tuple, PlanFrame] = {}
 
     def with_bandwidth(self, bandwidth: np.ndarray) -> CostModel:
         """The same context under other bandwidth states (K, links) in Gb/s.
@@ -227,6 +233,7 @@ class CostModel:
         other.inv_bw = 1.0 / (self.cluster.channel_bytes_per_s(bandwidth)
                               * self.framework.net_efficiency)
         other.num_samples = bandwidth.shape[0]
+        other._frames = {}  # they hold bandwidth terms
         return other
 
     @property
@@ -338,29 +345,36 @@ class CostModel:
         out = self._memory_cache[key] = (params, states + act)
         return out
 
-    def core(self, plan: Plan, source: str = "<plan>") -> CoreTerms:
-        """The whole model for one plan, without building the report objects."""
+    def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
+        """The layer-independent terms of ``plan``'s pipeline structure (memoised): every
+        plan that differs from it only in its layer split shares them."""
+        index = self.cluster.host_index
+        host_ids = tuple(tuple(index[r.host] for r in st.replicas) for st in plan.stages)
+        key = (host_ids, tuple(st.tp for st in plan.stages), plan.micro_batches,
+               plan.recompute, plan.zero)
+        hit = self._frames.get(key)
+        if hit is None:
+            hit = self._build_frame(host_ids, key[1], plan.micro_batches, plan.recompute,
+                                    plan.zero == 1, source)
+            if len(self._frames) >= _FRAME_CACHE:
+                del self._frames[next(iter(self._frames))]  # the oldest
+            self._frames[key] = hit
+        return hit
+
+    def _build_frame(self, host_ids: tuple[tuple[int, ...], ...], tps: tuple[int, ...], m: int,
+                     recompute: str, zero: bool, source: str) -> PlanFrame:
         c = self.constants
         fw = self.framework
         model = self.model
-        index = self.cluster.host_index
         routes = self.cluster.routes
         lat = self.cluster.route_latency
-        mb = self.training.global_batch // plan.micro_batches
-        p = plan.num_stages
-        zero = plan.zero == 1
+        mb = self.training.global_batch // m
+        p = len(host_ids)
         step = fw.step_latency_s
-
-        host_ids = [tuple(index[r.host] for r in st.replicas) for st in plan.stages]
-        works: list[StageWork] = []
-        params_l: list[float] = []
-        used_l: list[float] = []
-        perfs_l: list[list[GpuPerf]] = []
-        dp_intra = [0.0] * p
-        dp_loads: dict[int, float] = {}
+        stages: list[StageFrame] = []
+        dp_coef: dict[int, list[float]] = {}  # channel -> bytes per parameter of each stage
+        dp_fixed: dict[int, float] = {}
         dp_lat = 0.0
-        opt_s = 0.0
-        feasible = True
         # Pipeline boundaries: flat (channel, load) lists with a start offset per boundary
         # that has inter-host flows, so one numpy reduction times them all.
         b_chans: list[int] = []
@@ -369,66 +383,47 @@ class CostModel:
         b_cols: list[int] = []
         b_lat: list[float] = []
         b_intra = [0.0] * max(p - 1, 0)
-        for i, st in enumerate(plan.stages):
-            first, last = i == 0, i == p - 1
-            seqs = mb / st.dp
-            params, used = self.stage_memory(st.layers, st.tp, st.dp, seqs,
-                                             in_flight(i, p, plan.micro_batches), first, last,
-                                             plan.recompute, zero)
-            perfs = [self._perf[h] for h in host_ids[i]]
-            # Identical hosts share one GpuPerf object: cost each kind of replica once.
-            kinds = {id(perf): perf for perf in perfs}
+        for i, (ids, tp) in enumerate(zip(host_ids, tps)):
+            perfs = [self._perf[h] for h in ids]
             if None in perfs:
                 j = perfs.index(None)
-                self._host_perf(host_ids[i][j], source, f"stages[{i}].replicas[{j}]")
-            slowest: StageWork | None = None
-            intra_bw = float("inf")
-            intra_step = 0.0
-            hbm = float("inf")
-            for perf in kinds.values():
-                work = self.stage_work(perf, seqs, st.tp, st.layers, first, last, plan.recompute)
-                if slowest is None or work.total > slowest.total:
-                    slowest = work
-                if used > perf.usable_bytes:
-                    feasible = False
-                intra_bw = min(intra_bw, perf.intra_bw)
-                intra_step = max(intra_step, perf.intra_step_s)
-                hbm = min(hbm, perf.hbm)
-            assert slowest is not None
-            works.append(slowest)
-            params_l.append(params)
-            used_l.append(used)
-            perfs_l.append(perfs)
-            opt_s = max(opt_s, params / (st.dp if zero else 1) * c.optimizer_bytes_per_param / hbm)
-
-            if st.dp > 1:
-                grad = params * c.grad_bytes
-                order: dict[int, int] = {}
-                for h in host_ids[i]:
-                    order[h] = order.get(h, 0) + 1
-                hosts = list(order)
-                # Replicas sharing a host reduce over its scale-up link first.
-                dp_intra[i] = ring_allreduce_time(grad, max(order.values()), intra_bw, intra_step)
-                n = len(hosts)
-                if n > 1:
-                    ring_bytes = 2.0 * (n - 1) / n * grad * st.tp
-                    hop_lat = 0.0
-                    for a, b in zip(hosts, hosts[1:] + hosts[:1]):
-                        for ch in routes[a][b]:
-                            dp_loads[ch] = dp_loads.get(ch, 0.0) + ring_bytes
-                        hop_lat = max(hop_lat, lat[a][b])
-                    dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + step))
-
-            if not last:
-                loads, b_intra[i], hop_lat = self.boundary_flows(
-                    host_ids[i], host_ids[i + 1], st.tp, plan.stages[i + 1].tp, mb, intra_bw,
-                    intra_step)
+                self._host_perf(ids[j], source, f"stages[{i}].replicas[{j}]")
+            # Identical hosts share one GpuPerf object: cost each kind of replica once.
+            kinds = tuple({id(perf): perf for perf in perfs}.values())
+            dp = len(ids)
+            order: dict[int, int] = {}
+            for h in ids:
+                order[h] = order.get(h, 0) + 1
+            sf = StageFrame(tp=tp, dp=dp, seqs=mb / dp, inflight=in_flight(i, p, m),
+                            first=i == 0, last=i == p - 1, host_ids=ids,
+                            perfs=tuple(perfs),  # type: ignore[arg-type]
+                            kinds=kinds,  # type: ignore[arg-type]
+                            usable_bytes=min(k.usable_bytes for k in kinds),  # type: ignore
+                            hbm=min(k.hbm for k in kinds),  # type: ignore[union-attr]
+                            intra_bw=min(k.intra_bw for k in kinds),  # type: ignore
+                            intra_step=max(k.intra_step_s for k in kinds),  # type: ignore
+                            host_members=max(order.values()))
+            stages.append(sf)
+            hosts = list(order)
+            n = len(hosts)
+            if dp > 1 and n > 1:
+                # A ring over the hosts; each hop's channels carry 2(n-1)/n of the gradient.
+                per_param = 2.0 * (n - 1) / n * c.grad_bytes * tp
+                hop_lat = 0.0
+                for a, b in zip(hosts, hosts[1:] + hosts[:1]):
+                    for ch in routes[a][b]:
+                        dp_coef.setdefault(ch, [0.0] * p)[i] += per_param
+                    hop_lat = max(hop_lat, lat[a][b])
+                dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + step))
+            if i < p - 1:
+                loads, b_intra[i], hop = self.boundary_flows(
+                    ids, host_ids[i + 1], tp, tps[i + 1], mb, sf.intra_bw, sf.intra_step)
                 if loads:
                     b_starts.append(len(b_chans))
                     b_cols.append(i)
                     b_chans.extend(loads)
                     b_loads.extend(loads.values())
-                    b_lat.append(hop_lat)
+                    b_lat.append(hop)
 
         if fw.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
@@ -439,7 +434,7 @@ class CostModel:
                 if a != b:
                     for x, y in ((a, b), (b, a)):
                         for ch in routes[x][y]:
-                            dp_loads[ch] = dp_loads.get(ch, 0.0) + share * emb
+                            dp_fixed[ch] = dp_fixed.get(ch, 0.0) + share * emb
                     dp_lat = max(dp_lat, 2.0 * (lat[a][b] + step))
 
         k = self.num_samples
@@ -451,12 +446,63 @@ class CostModel:
             times = self.inv_bw[:, b_chans] * np.array(b_loads)
             inter = np.maximum.reduceat(times, b_starts, axis=1) + np.array(b_lat)
             boundary[:, b_cols] = np.maximum(boundary[:, b_cols], 2.0 * inter)
+        transfers, crossing = cycle_transfers(boundary)
+        chans = list(dict.fromkeys([*dp_coef, *dp_fixed]))
+        return PlanFrame(
+            stages=tuple(stages), micro_batches=m, recompute=recompute, zero=zero,
+            boundary=boundary, cycle_transfers=transfers, boundary_total=crossing,
+            dp_inv_bw=self.inv_bw[:, chans],
+            dp_per_param=np.array([dp_coef.get(ch, [0.0] * p) for ch in chans]).reshape(
+                len(chans), p),
+            dp_fixed=np.array([dp_fixed.get(ch, 0.0) for ch in chans]), dp_latency=dp_lat)
+
+    def core(self, plan: Plan, source: str = "<plan>") -> CoreTerms:
+        """The whole model for one plan, without building the report objects."""
+        return self.core_split(self.frame(plan, source), [st.layers for st in plan.stages])
+
+    def core_split(self, frame: PlanFrame, layers: Sequence[int]) -> CoreTerms:
+        """``core`` of the plan with ``frame``'s structure and these layers per stage."""
+        c = self.constants
+        recompute, zero = frame.recompute, frame.zero
+        p = frame.num_stages
+        works: list[StageWork] = []
+        params_l: list[float] = []
+        used_l: list[float] = []
+        dp_intra = [0.0] * p
+        opt_s = 0.0
+        feasible = True
+        for i, (sf, n) in enumerate(zip(frame.stages, layers)):
+            params, used = self.stage_memory(n, sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
+                                             sf.last, recompute, zero)
+            slowest: StageWork | None = None
+            for perf in sf.kinds:
+                work = self.stage_work(perf, sf.seqs, sf.tp, n, sf.first, sf.last, recompute)
+                if slowest is None or work.total > slowest.total:
+                    slowest = work
+            assert slowest is not None
+            feasible = feasible and used <= sf.usable_bytes
+            works.append(slowest)
+            params_l.append(params)
+            used_l.append(used)
+            opt_s = max(opt_s, params / (sf.dp if zero else 1) * c.optimizer_bytes_per_param
+                        / sf.hbm)
+            if sf.host_members > 1:
+                # Replicas sharing a host reduce over its scale-up link first.
+                dp_intra[i] = ring_allreduce_time(params * c.grad_bytes, sf.host_members,
+                                                  sf.intra_bw, sf.intra_step)
         stage_s = np.array([w.total for w in works])
-        pipe, cycle = one_f_one_b(stage_s, boundary, plan.micro_batches)
-        dp_time = max(dp_intra) + (self.phase_time(dp_loads) + dp_lat if dp_loads else 0.0)
-        total = pipe + dp_time + (opt_s + fw.iteration_overhead_s)
-        return CoreTerms(total, feasible, works, params_l, used_l, perfs_l, host_ids, boundary,
-                     stage_s, cycle, dp_time, dp_intra, opt_s)
+        pipe, cycle = one_f_one_b(stage_s, frame.boundary, frame.micro_batches,
+                                  (frame.cycle_transfers, frame.boundary_total))
+        dp_time: np.ndarray | float = max(dp_intra)
+        if frame.dp_fixed.size:
+            # The all-reduces run concurrently: their max-min fair completion (comm.py).
+            loads = frame.dp_per_param @ np.array(params_l) + frame.dp_fixed
+            dp_time = dp_time + ((frame.dp_inv_bw * loads).max(axis=1) + frame.dp_latency)
+        total = pipe + dp_time + (opt_s + self.framework.iteration_overhead_s)
+        return CoreTerms(total, feasible, works, params_l, used_l,
+                         [list(sf.perfs) for sf in frame.stages],
+                         [list(sf.host_ids) for sf in frame.stages], frame.boundary, stage_s,
+                         cycle, dp_time, dp_intra, opt_s)
 
     def iteration_times(self, plan: Plan) -> tuple[np.ndarray, bool]:
         """Fast path for search: (iteration seconds per bandwidth sample, fits in memory).
@@ -512,25 +558,6 @@ class CostModel:
                         breakdown=breakdown, overflow=overflow, tokens_per_iter=tokens,
                         model_flops_per_iter=self.model_flops_per_iter, peak_flops=peak,
                         samples=self.num_samples)
-
-
-@dataclass(frozen=True)
-class CoreTerms:
-    """What ``CostModel.core`` computes for a plan, before any report object is built."""
-
-    total: np.ndarray
-    feasible: bool
-    works: list[StageWork]
-    params: list[float]
-    used: list[float]
-    perfs: list[list[GpuPerf]]
-    host_ids: list[list[int]]
-    boundary: np.ndarray
-    stage_s: np.ndarray
-    cycle: np.ndarray
-    dp_time: np.ndarray | float
-    dp_intra: list[float]
-    opt_s: float
 
 
 def estimate(cluster: Cluster, model: ModelSpec, training: TrainingSpec, plan: Plan, *,

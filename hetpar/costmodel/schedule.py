@@ -16,20 +16,28 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["one_f_one_b"]
+__all__ = ["cycle_transfers", "one_f_one_b"]
+
+
+def cycle_transfers(boundary_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The schedule's transfer terms: ((k, p) ``c_{i-1} + c_i`` of each stage's cycle,
+    (k,) ``sum_b c_b``), from ``boundary_s`` (k, p-1)."""
+    k, p = boundary_s.shape[0], boundary_s.shape[1] + 1
+    padded = np.zeros((k, p + 1))
+    padded[:, 1:p] = boundary_s
+    return padded[:, :-1] + padded[:, 1:], boundary_s.sum(axis=1)
 
 
 def one_f_one_b(stage_s: np.ndarray, boundary_s: np.ndarray, micro_batches: int,
+                terms: tuple[np.ndarray, np.ndarray] | None = None,
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Pipeline time and steady-state cycle.
 
     ``stage_s``: (p,) seconds per micro-batch per stage; ``boundary_s``: (k, p-1)
-    transfer seconds per sample. Returns ((k,) total seconds, (k,) slowest cycle).
+    transfer seconds per sample; ``terms``: its ``cycle_transfers``, when already known.
+    Returns ((k,) total seconds, (k,) slowest cycle).
     """
-    k = boundary_s.shape[0]
-    p = stage_s.shape[0]
-    padded = np.zeros((k, p + 1))
-    padded[:, 1:p] = boundary_s
-    cycle = (stage_s + padded[:, :-1] + padded[:, 1:]).max(axis=1)
-    total = stage_s.sum() + boundary_s.sum(axis=1) + (micro_batches - 1) * cycle
+    transfers, crossing = terms if terms is not None else cycle_transfers(boundary_s)
+    cycle = (stage_s + transfers).max(axis=1)
+    total = stage_s.sum() + crossing + (micro_batches - 1) * cycle
     return total, cycle

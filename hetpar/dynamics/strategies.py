@@ -120,6 +120,8 @@ class Planners:
     time_limit_s: float = 5.0
     policy_path: str | None = None
     beam: int | None = None  # of the policy's planning (None: the planner's DEFAULT_BEAM)
+    refine_steps: int | None = None  # search steps of each refinement (None: the planner's)
+    refine_candidates: int | None = None  # structures refined besides the greedy one
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
     _cms: dict[str, CostModel] = field(default_factory=dict)
@@ -203,13 +205,18 @@ class Planners:
         key = ("policy", state.key)
         hit = self._plans.get(key)
         if hit is None:
-            from hetpar.agents.planner import DEFAULT_BEAM, plan_with_policy
+            from hetpar.agents.planner import (DEFAULT_BEAM, DEFAULT_REFINE_STEPS,
+                                               REFINE_CANDIDATES, plan_with_policy)
             bundle = self.bundle()
             start = time.perf_counter()
             try:
                 pp = plan_with_policy(bundle, cluster_at(state.cluster, state.bandwidth),
                                       self.model, self.training, objective="mean", samples=1,
-                                      beam=self.beam or DEFAULT_BEAM)
+                                      beam=self.beam or DEFAULT_BEAM,
+                                      refine_steps=self.refine_steps or DEFAULT_REFINE_STEPS,
+                                      refine_candidates=REFINE_CANDIDATES
+                                      if self.refine_candidates is None
+                                      else self.refine_candidates)
                 plan, value = pp.plan, pp.value
             except HetparError:
                 plan, value = None, math.inf  # e.g. more hosts than the policy handles

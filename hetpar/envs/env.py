@@ -320,15 +320,16 @@ class PlanBuilderEnv(gym.Env):
             raise RuntimeError("call reset() first")
         return _copy_episode(ep)
 
-    def restore(self, state: _Episode) -> dict[str, np.ndarray]:
+    def restore(self, state: _Episode, *, observe: bool = True) -> dict[str, np.ndarray] | None:
         """Continue from a ``snapshot`` of an episode of this environment's current
-        instance; returns its observation. The snapshot itself stays unchanged."""
+        instance; returns its observation (None with ``observe=False``, for a caller that
+        kept it). The snapshot itself stays unchanged."""
         ep = self._ep
         if ep is None or state.ctx is not ep.ctx:
             raise RuntimeError("restore() takes a snapshot of the current instance's episode")
         self._ep = _copy_episode(state)
         self._mask_cache = None
-        return self._observation()
+        return self._observation() if observe else None
 
     def state_key(self) -> tuple:
         """A hashable key of the episode state: equal keys have equal futures (the same

@@ -256,13 +256,17 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
     L = s.layers
     space, cm, objective = s.problem.space, s.problem.cm, s.problem.objective
 
+    frame = None  # the structure's transfer terms, shared by every split (costmodel/frame.py)
+
     def evaluate(split: tuple[int, ...]) -> tuple[float, np.ndarray | None]:
-        plan = space.to_plan(stages, split, m, rc, s.zero)
-        core = cm.core(plan)
+        nonlocal frame
+        if frame is None:
+            frame = cm.frame(space.to_plan(stages, split, m, rc, s.zero))
+        core = cm.core_split(frame, split)
         s.counters.leaves += 1
         value = objective(core.total) if core.feasible else math.inf
-        if value < math.inf:
-            s.offer(value, plan)
+        if value < s.best_value:
+            s.offer(value, space.to_plan(stages, split, m, rc, s.zero))
         return value, core.boundary
 
     # A first split in proportion to each stage's speed, within memory. Transfer times do

@@ -1,0 +1,81 @@
+"""What ``CostModel.core`` computes, and the part of it that a layer split leaves alone.
+
+A plan's pipeline structure (each stage's replicas, hosts and TP degree, the micro-batch
+count, recompute mode and ZeRO stage) fixes every transfer of the iteration: activation
+volumes depend on the micro-batch size, not on how many layers a stage holds. Only the
+stages' work, memory and gradient sizes follow the layer split. ``PlanFrame`` holds the
+structure's share, bandwidth terms included, so that the exact search's layer-split
+subroutine and the refinement of a policy's plan, which score hundreds of splits of one
+structure, pay for the routes and flows once (``CostModel.frame`` / ``CostModel.core_split``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetpar.costmodel.compute import GpuPerf, StageWork
+
+__all__ = ["CoreTerms", "PlanFrame", "StageFrame"]
+
+
+@dataclass(frozen=True, eq=False)
+class StageFrame:
+    """One stage of a pipeline structure: what does not depend on its layer count."""
+
+    tp: int
+    dp: int
+    seqs: float  # sequences per replica per micro-batch
+    inflight: int  # micro-batches whose activations it holds under 1F1B
+    first: bool
+    last: bool
+    host_ids: tuple[int, ...]  # per replica
+    perfs: tuple[GpuPerf, ...]  # per replica
+    kinds: tuple[GpuPerf, ...]  # distinct kinds of replica (each costed once)
+    usable_bytes: float  # the smallest usable memory of its GPUs
+    hbm: float  # the slowest memory bandwidth of its GPUs (optimizer step)
+    intra_bw: float  # the slowest scale-up link (all-reduce within a host)
+    intra_step: float
+    host_members: int  # the most replicas on one host (they reduce over scale-up first)
+
+
+@dataclass(frozen=True, eq=False)
+class PlanFrame:
+    """The layer-independent terms of one pipeline structure under a ``CostModel``'s
+    bandwidth states (K of them)."""
+
+    stages: tuple[StageFrame, ...]
+    micro_batches: int
+    recompute: str
+    zero: bool
+    boundary: np.ndarray  # (K, p-1) seconds per boundary, forward and backward
+    cycle_transfers: np.ndarray  # (K, p) the transfers in each stage's steady-state cycle
+    boundary_total: np.ndarray  # (K,) the first micro-batch's trip across every boundary
+    dp_inv_bw: np.ndarray  # (K, C) seconds per byte of the C channels gradients cross
+    dp_per_param: np.ndarray  # (C, p) bytes on each channel per parameter of each stage
+    dp_fixed: np.ndarray  # (C,) bytes on each channel independent of the split
+    dp_latency: float  # latency of the inter-host all-reduce steps
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+
+@dataclass(frozen=True)
+class CoreTerms:
+    """What ``CostModel.core`` computes for a plan, before any report object is built."""
+
+    total: np.ndarray
+    feasible: bool
+    works: list[StageWork]
+    params: list[float]
+    used: list[float]
+    perfs: list[list[GpuPerf]]
+    host_ids: list[list[int]]
+    boundary: np.ndarray
+    stage_s: np.ndarray
+    cycle: np.ndarray
+    dp_time: np.ndarray | float
+    dp_intra: list[float]
+    opt_s: float

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetpar.cli.main import main
-from hetpar.dynamics.experiment import run_scenario
+from hetpar.dynamics.experiment import robust_states, run_scenario
 from hetpar.dynamics.scenario import build_timeline, parse_scenario
 from hetpar.dynamics.simulator import SimSettings, simulate
 from hetpar.dynamics.strategies import Planners, make_strategy
@@ -75,6 +75,31 @@ def test_switch_rule_and_time_accounting():
         iters = sum((s.end_s - s.start_s) / s.iter_time_s for s in r.segments if s.kind == "run")
         assert iters == pytest.approx(2000)
         assert r.wall_s == pytest.approx(run_s + r.migration_s + r.planning_charged_s)
+
+
+@pytest.mark.parametrize("name", ["exact", "exact-rt"])
+def test_replanners_keep_the_robust_plan_as_a_candidate(name):
+    """A re-planner starts with static's plan and holds the CVaR-robust plan among the
+    candidates of every later decision; static keeps only its own."""
+    sc = parse_scenario(scenario_doc(iterations=2000))
+    tl = build_timeline(sc, np.random.default_rng(2))
+    p = Planners(load_model(sc.model), load_training(sc.training), FAST)
+    states = robust_states(sc, np.random.default_rng(5), 8)
+    # Slow a-hosts in every sample: the robust plan keeps to one host, static's spans two.
+    states[:, [i for i, n in enumerate(tl.link_names) if n.startswith("a-")]] = 0.5
+    kw = dict(robust_states=states, base_links=tl.link_names)
+    first = tl.states[0]
+    replanner, static = make_strategy(name, p, **kw), make_strategy("static", p, **kw)
+    robust = make_strategy("robust", p, **kw).initial(first).candidate
+    start = static.initial(first).candidate
+    assert replanner.initial(first).candidate == start
+    assert robust is not None and robust != start
+    assert robust in replanner.library and static.library == [start]
+    # A decision picks the fastest valid candidate in the new state, library included.
+    later = tl.states[1]
+    dec = replanner.on_change(later, start)
+    best = min(p.iteration_time(q, later) for q in replanner.library)
+    assert p.iteration_time(dec.candidate, later) == best
 
 
 def test_no_feasible_plan_reports_stall_time():

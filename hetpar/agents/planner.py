@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -249,9 +248,10 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
             if len(picks) > refine_candidates:
                 break
         best = value  # never worse than the best candidate as it came out of the search
-        for n in picks:
+        # The best raw structure first: its refined value then prunes the others' search.
+        for n in sorted(picks, key=lambda n: (values[n], n)):
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
-                              time_limit=refine_time)
+                              time_limit=refine_time, beat=best)
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
         refine_s = time.perf_counter() - t0
@@ -265,9 +265,12 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                       beam=beam, candidates=len(candidates))
 
 
-# Logits of a batch of observations; with their action masks, entries that every mask
-# forbids may be left unset (0).
-Forward = Callable[..., np.ndarray]
+class Forward(Protocol):
+    """Unmasked logits (B, n_actions) of a batch of observations; given their action masks,
+    entries that every mask forbids may be left unset (0)."""
+
+    def __call__(self, observations: list[dict[str, np.ndarray]],
+                 masks: list[np.ndarray] | None = None) -> np.ndarray: ...
 
 
 def forward_for(policy: Any) -> Forward:

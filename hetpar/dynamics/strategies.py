@@ -9,8 +9,9 @@ for ``robust`` a set of sampled states) and returns a plan with the wall time it
 * ``robust``: the CVaR-optimal plan over bandwidth states drawn from the scenario's
   processes (an independent realisation), kept like ``static``'s.
 * ``policy``: starts from ``static``'s plan and, at every change, asks the trained policy
-  for a plan for the new state (milliseconds, charged as stall); candidates are that plan
-  and the plans already used in this run that are still valid.
+  for a plan for the new state (milliseconds, charged as stall); candidates are that plan,
+  the plans already used in this run and ``robust``'s plan (planned offline with
+  ``static``'s), those still valid.
 * ``exact``: the same with the time-limited exact search; the oracle does not pay its
   planning time, ``exact-rt`` (realistic) pays it as stall.
 
@@ -120,7 +121,7 @@ class Planners:
     time_limit_s: float = 5.0
     policy_path: str | None = None
     beam: int | None = None  # of the policy's planning (None: the planner's DEFAULT_BEAM)
-    refine_steps: int | None = None  # search steps of each refinement (None: the planner's)
+    refine_steps: int | None = None  # of each refinement (None: the planner's default)
     refine_candidates: int | None = None  # structures refined besides the greedy one
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
@@ -267,16 +268,21 @@ class Strategy:
         return Decision(res.plan, res.wall_s, 0.0, res.method)
 
 
-class Robust(Strategy):
-    name = "robust"
-
-    def plan_for(self, state: NetworkState) -> PlanResult:
+    def robust_plan(self, state: NetworkState) -> PlanResult:
+        """The CVaR-optimal plan for ``state``'s topology over the sampled bandwidth."""
         assert self.robust_states is not None
         if state.cluster is None:
             return PlanResult(None, math.inf, 0.0)
         from hetpar.dynamics.traces import link_name
         cols = [self.base_links.index(link_name(lk)) for lk in state.cluster.links]
         return self.p.robust(state, self.robust_states[:, cols])
+
+
+class Robust(Strategy):
+    name = "robust"
+
+    def plan_for(self, state: NetworkState) -> PlanResult:
+        return self.robust_plan(state)
 
 
 class Replanner(Strategy):
@@ -291,6 +297,17 @@ class Replanner(Strategy):
         self.method = method
         self.charge = charge
         self.name = {"policy": "policy", "exact": "exact-rt" if charge else "exact"}[method]
+
+    def initial(self, state: NetworkState) -> Decision:
+        """``static``'s plan; the CVaR-robust plan, also planned before the job starts, is
+        kept as a candidate for later changes (a plan that no state favours much but that
+        holds up when links degrade)."""
+        dec = super().initial(state)
+        if self.robust_states is not None:
+            robust = self.robust_plan(state)
+            if robust.plan is not None and robust.plan not in self.library:
+                self.library.append(robust.plan)
+        return dec
 
     def on_change(self, state: NetworkState, current: Plan | None) -> Decision:
         res = self.p.policy(state) if self.method == "policy" else self.p.exact(state)

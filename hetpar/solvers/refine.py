@@ -61,19 +61,23 @@ class _BudgetSearcher(Searcher):
 
 
 def refine_plan(cm: CostModel, space: PlanSpace, objective: Objective, plan: Plan, *,
-                max_steps: int | None = None, time_limit: float | None = None) -> Refinement:
+                max_steps: int | None = None, time_limit: float | None = None,
+                beat: float = math.inf) -> Refinement:
     """The best (micro-batches, recompute, layer split) for ``plan``'s stages and hosts.
 
     ``plan`` must lie in ``space`` (``PlanSpace.decompose`` raises PlanError otherwise).
     The ZeRO stage is the space's largest, as in the exact search; the given plan is kept
-    when nothing strictly better is found."""
+    when nothing strictly better is found. With ``beat`` (a value another plan already
+    reaches) only completions better than it are sought, so the bounds prune more: a
+    caller comparing several structures refines the best first and passes its value."""
     start = time.perf_counter()
     stages, _ = space.decompose(plan)
     core = cm.core(plan)
     before = objective(core.total) if core.feasible else math.inf
     deadline = time.time() + time_limit if time_limit is not None else math.inf
-    searcher = _BudgetSearcher(Problem(cm, space, objective, deadline, before),
-                               LocalIncumbent(before), max_steps=max_steps)
+    incumbent = min(before, beat)
+    searcher = _BudgetSearcher(Problem(cm, space, objective, deadline, incumbent),
+                               LocalIncumbent(incumbent), max_steps=max_steps)
     complete = True
     try:
         searcher.close(stages)

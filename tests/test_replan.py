@@ -173,8 +173,27 @@ def test_cli_replan_bad_trace_exit_2(tmp_path, capsys):
     assert rc == 2 and "unknown strategy" in capsys.readouterr().err
 
 
-def test_cli_replan_beam_below_one_exit_2(capsys):
+@pytest.mark.parametrize("flag", ["--beam", "--refine-steps"])
+def test_cli_replan_search_budget_below_one_exit_2(capsys, flag):
     rc = main(["replan", "--scenario", "stable-dc", "--strategies", "static,policy",
-               "--beam", "0"])
+               flag, "0"])
     err = capsys.readouterr().err
-    assert rc == 2 and "--beam" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_replan_refine_steps_reach_the_policy_planner(monkeypatch):
+    """``--refine-steps`` (``run_scenario(refine_steps=...)``) is the budget every
+    refinement of the policy's plans gets."""
+    import hetpar.agents.planner as planner
+
+    seen = []
+    real = planner.plan_with_policy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["refine_steps"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan_with_policy", spy)
+    run = _run(scenario_doc(iterations=30000), ("policy",), refine_steps=7, beam=1)
+    assert run.results["policy"][0].finished
+    assert seen and set(seen) == {7}

@@ -245,12 +245,13 @@ class CostModel:
         return per_token * self.training.global_batch * self.seq_len
 
     # ---- helpers ---------------------------------------------------------------------
-    def _host_perf(self, host_idx: int, source: str, where: str) -> GpuPerf:
+    def _host_perf(self, host_idx: int, source: str, stage: int, replica: int) -> GpuPerf:
         perf = self._perf[host_idx]
         if perf is None:
             host = self.cluster.hosts[host_idx]
-            raise PlanError(source, where, f"host {host.name!r} has {host.gpu.name}, which "
-                                           f"lacks {self.training.precision} support")
+            raise PlanError(source, f"stages[{stage}].replicas[{replica}]",
+                            f"host {host.name!r} has {host.gpu.name}, which lacks "
+                            f"{self.training.precision} support")
         return perf
 
     def host_perf(self, host: int) -> GpuPerf | None:
@@ -384,10 +385,8 @@ class CostModel:
         b_lat: list[float] = []
         b_intra = [0.0] * max(p - 1, 0)
         for i, (ids, tp) in enumerate(zip(host_ids, tps)):
-            perfs = [self._perf[h] for h in ids]
-            if None in perfs:
-                j = perfs.index(None)
-                self._host_perf(ids[j], source, f"stages[{i}].replicas[{j}]")
+            # A host whose GPUs lack the training precision is reported here.
+            perfs = tuple(self._host_perf(h, source, i, j) for j, h in enumerate(ids))
             # Identical hosts share one GpuPerf object: cost each kind of replica once.
             kinds = tuple({id(perf): perf for perf in perfs}.values())
             dp = len(ids)
@@ -395,13 +394,11 @@ class CostModel:
             for h in ids:
                 order[h] = order.get(h, 0) + 1
             sf = StageFrame(tp=tp, dp=dp, seqs=mb / dp, inflight=in_flight(i, p, m),
-                            first=i == 0, last=i == p - 1, host_ids=ids,
-                            perfs=tuple(perfs),  # type: ignore[arg-type]
-                            kinds=kinds,  # type: ignore[arg-type]
-                            usable_bytes=min(k.usable_bytes for k in kinds),  # type: ignore
-                            hbm=min(k.hbm for k in kinds),  # type: ignore[union-attr]
-                            intra_bw=min(k.intra_bw for k in kinds),  # type: ignore
-                            intra_step=max(k.intra_step_s for k in kinds),  # type: ignore
+                            first=i == 0, last=i == p - 1, host_ids=ids, perfs=perfs,
+                            kinds=kinds, usable_bytes=min(k.usable_bytes for k in kinds),
+                            hbm=min(k.hbm for k in kinds),
+                            intra_bw=min(k.intra_bw for k in kinds),
+                            intra_step=max(k.intra_step_s for k in kinds),
                             host_members=max(order.values()))
             stages.append(sf)
             hosts = list(order)

@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "skipped with a note when none is available)")
     p.add_argument("--beam", type=int, default=None, metavar="W",
                    help="beam width of the policy's planning (default 4; 1: one rollout)")
+    p.add_argument("--refine-steps", type=int, default=None, metavar="N",
+                   help="search steps of each refinement of the policy's plans (default "
+                        "500; fewer: faster decisions, see docs/results-dynamic.md)")
     p.add_argument("--strategies", default="static,robust,policy,exact,exact-rt",
                    help="comma-separated: static, robust, policy, exact (oracle: planning "
                         "time not charged), exact-rt (realistic: charged as stall)")
@@ -91,8 +94,9 @@ def run(args: argparse.Namespace, log: Any) -> int:
     for flag, value in (("--time-limit", args.time_limit), ("--lookahead", args.lookahead),
                         ("--storage-gbps", args.storage_gbps)):
         _positive(flag, value)
-    if args.beam is not None and args.beam < 1:
-        raise ConfigError("--beam", "", f"must be at least 1, got {args.beam}")
+    for flag, count in (("--beam", args.beam), ("--refine-steps", args.refine_steps)):
+        if count is not None and count < 1:
+            raise ConfigError(flag, "", f"must be at least 1, got {count}")
     if args.restart_s is not None and args.restart_s < 0:
         raise ConfigError("--restart-s", "", f"must not be negative, got {args.restart_s:g}")
     cluster = _cluster(args.cluster) if args.cluster else None
@@ -119,7 +123,8 @@ def run(args: argparse.Namespace, log: Any) -> int:
         scenario = dataclasses.replace(scenario, **changes)
     result = run_scenario(scenario, strategies, seeds, policy_path=args.policy,
                           iterations=args.iterations, time_limit_s=args.time_limit,
-                          lookahead_s=args.lookahead, beam=args.beam, log=log)
+                          lookahead_s=args.lookahead, beam=args.beam,
+                          refine_steps=args.refine_steps, log=log)
     paths = write_outputs(result, Path(args.out))
     log((paths[1]).read_text())
     log("wrote " + ", ".join(str(p) for p in paths))

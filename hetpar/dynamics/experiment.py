@@ -64,6 +64,7 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
                  planners: Planners | None = None, policy_path: str | None = None,
                  iterations: int | None = None, time_limit_s: float | None = None,
                  lookahead_s: float | None = None, beam: int | None = None,
+                 refine_steps: int | None = None,
                  log: Callable[[str], None] | None = None) -> ScenarioRun:
     from hetpar.workload.model import load_model
     from hetpar.workload.training import load_training
@@ -72,7 +73,7 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
     training = load_training(scenario.training)
     if planners is None:
         planners = Planners(model, training, time_limit_s or scenario.exact_time_limit_s,
-                            policy_path, beam=beam)
+                            policy_path, beam=beam, refine_steps=refine_steps)
     seq = training.seq_len or model.seq_len
     settings = SimSettings(iterations=iterations or scenario.iterations,
                            tokens_per_iteration=training.global_batch * seq,

@@ -10,6 +10,7 @@ operation over the K states at once.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -385,21 +386,27 @@ class CostModel:
         b_lat: list[float] = []
         b_intra = [0.0] * max(p - 1, 0)
         for i, (ids, tp) in enumerate(zip(host_ids, tps)):
-            # A host whose GPUs lack the training precision is reported here.
-            perfs = tuple(self._host_perf(h, source, i, j) for j, h in enumerate(ids))
+            perfs = tuple(self._perf[h] for h in ids)
+            if None in perfs:  # a host whose GPUs lack the training precision
+                j = perfs.index(None)
+                self._host_perf(ids[j], source, i, j)
             # Identical hosts share one GpuPerf object: cost each kind of replica once.
             kinds = tuple({id(perf): perf for perf in perfs}.values())
+            usable = hbm = intra_bw = math.inf
+            intra_step = 0.0
+            for k in kinds:
+                usable, hbm = min(usable, k.usable_bytes), min(hbm, k.hbm)
+                intra_bw, intra_step = min(intra_bw, k.intra_bw), max(intra_step, k.intra_step_s)
             dp = len(ids)
             order: dict[int, int] = {}
             for h in ids:
                 order[h] = order.get(h, 0) + 1
             sf = StageFrame(tp=tp, dp=dp, seqs=mb / dp, inflight=in_flight(i, p, m),
-                            first=i == 0, last=i == p - 1, host_ids=ids, perfs=perfs,
-                            kinds=kinds, usable_bytes=min(k.usable_bytes for k in kinds),
-                            hbm=min(k.hbm for k in kinds),
-                            intra_bw=min(k.intra_bw for k in kinds),
-                            intra_step=max(k.intra_step_s for k in kinds),
-                            host_members=max(order.values()))
+                            first=i == 0, last=i == p - 1, host_ids=ids,
+                            perfs=perfs,  # type: ignore[arg-type]  (None ruled out above)
+                            kinds=kinds,  # type: ignore[arg-type]
+                            usable_bytes=usable, hbm=hbm, intra_bw=intra_bw,
+                            intra_step=intra_step, host_members=max(order.values()))
             stages.append(sf)
             hosts = list(order)
             n = len(hosts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from hetpar.costmodel.constants import load_constants
@@ -73,6 +74,35 @@ def test_out_of_memory_prediction(constants):
     failed = sum(len(r.failed) for r in reps)
     assert caught >= failed / 2
     assert sum(r.false_infeasible for r in reps) <= 2
+
+
+def test_a_cost_model_under_other_constants_keeps_only_geometry(constants):
+    """``with_constants`` (what each step of the fit uses) predicts exactly what a cost
+    model built afresh for those constants does, whatever the first model was built for:
+    other efficiencies, latencies and the framework's transfer mode included."""
+    from dataclasses import replace
+
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.fidelity.calibrate import MDS, MLM
+
+    variants = [constants,
+                constants.with_framework(MDS, p2p_copy_per_tp_rank=True, net_efficiency=0.5,
+                                         step_latency_s=3e-4),
+                constants.with_framework(MLM, net_efficiency=0.61, layer_overhead_s=1e-4),
+                replace(constants, intra_efficiency={**constants.intra_efficiency,
+                                                     "pcie": 0.2})]
+    runs = calibration_runs()
+    picked = [r for r in runs if r.experiment == "megatron"][:3] + \
+        [r for r in runs if r.experiment == "homogeneous"][:3]
+    for run in picked:
+        first = CostModel(run.cluster, run.model, run.training, constants=variants[0],
+                          samples=0)
+        for c in variants[1:] + variants[:1]:
+            fresh = CostModel(run.cluster, run.model, run.training, constants=c, samples=0)
+            shared = first.with_constants(c)
+            for plan in run.plans:
+                a, b = shared.iteration_times(plan), fresh.iteration_times(plan)
+                assert a[1] == b[1] and np.array_equal(a[0], b[0]), run.row_id
 
 
 def test_calibration_is_reproducible(constants):

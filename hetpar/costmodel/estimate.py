@@ -219,6 +219,7 @@ class CostModel:
         self._memory_cache: dict[tuple, tuple[float, float]] = {}
         self._flow_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
         self._frames: dict[tuple, PlanFrame] = {}
+        self._crossing_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
 
     def with_bandwidth(self, bandwidth: np.ndarray) -> CostModel:
         """The same context under other bandwidth states (K, links) in Gb/s.
@@ -305,23 +306,39 @@ class CostModel:
         if hit is not None:
             return hit
         fw = self.framework
-        routes, lat = self.cluster.routes, self.cluster.route_latency
-        per_seq = self.seq_len * self.model.hidden * 2.0
         copies = tp_src if fw.p2p_copy_per_tp_rank else 1
         lanes = 1 if fw.p2p_copy_per_tp_rank else min(tp_src, tp_dst)
+        loads, local, hop_lat = self._crossings(src, dst, mb, copies)
+        # The tp GPUs send in parallel, each over its own scale-up link.
+        intra_t = local / (lanes * copies * intra_bw) + intra_step if local >= 0 else 0.0
+        out = (loads, intra_t, hop_lat + fw.step_latency_s if loads else 0.0)
+        self._flow_cache[key] = out
+        return out
+
+    def _crossings(self, src: tuple[int, ...], dst: tuple[int, ...], mb: int, copies: int,
+                   ) -> tuple[dict[int, float], float, float]:
+        """Where one micro-batch's activations go between two replica host lists: (bytes
+        per directed channel between hosts, the largest volume that stays on a host or -1,
+        the longest route's latency). Geometry alone, memoised in a table that copies of
+        this model under other constants share (``with_constants``)."""
+        key = (src, dst, mb, copies)
+        hit = self._crossing_cache.get(key)
+        if hit is not None:
+            return hit
+        routes, lat = self.cluster.routes, self.cluster.route_latency
+        per_seq = self.seq_len * self.model.hidden * 2.0
         loads: dict[int, float] = {}
-        intra_t = hop_lat = 0.0
+        local = -1.0
+        hop_lat = 0.0
         for a, b, share in self._transfers(src, dst):
             vol = share * mb * per_seq * copies
             if a == b:
-                # The tp GPUs send in parallel, each over its own scale-up link.
-                intra_t = max(intra_t, vol / (lanes * copies * intra_bw) + intra_step)
+                local = max(local, vol)
             else:
                 for ch in routes[a][b]:
                     loads[ch] = loads.get(ch, 0.0) + vol
                 hop_lat = max(hop_lat, lat[a][b])
-        out = (loads, intra_t, hop_lat + fw.step_latency_s if loads else 0.0)
-        self._flow_cache[key] = out
+        out = self._crossing_cache[key] = (loads, local, hop_lat)
         return out
 
     def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: int,
@@ -507,6 +524,17 @@ class CostModel:
                          [list(sf.perfs) for sf in frame.stages],
                          [list(sf.host_ids) for sf in frame.stages], frame.boundary, stage_s,
                          cycle, dp_time, dp_intra, opt_s)
+
+    def with_constants(self, constants: CostConstants) -> CostModel:
+        """The same cluster, model, training and bandwidth states under other constants
+        (what the calibration fit asks for at every step). Only the tables of where data
+        goes (colocated transfers, the channels each crossing uses) carry over: every
+        time, memory and bandwidth term is recomputed from ``constants``."""
+        other = CostModel(self.cluster, self.model, self.training, constants=constants,
+                          bandwidth=self.link_gbps)
+        other._transfer_cache = self._transfer_cache
+        other._crossing_cache = self._crossing_cache
+        return other
 
     def iteration_times(self, plan: Plan) -> tuple[np.ndarray, bool]:
         """Fast path for search: (iteration seconds per bandwidth sample, fits in memory).

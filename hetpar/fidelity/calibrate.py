@@ -100,12 +100,21 @@ def _apply(base: CostConstants, params: Sequence[Parameter], values: Sequence[fl
     return c
 
 
-def _time_residuals(c: CostConstants, runs: Sequence[Run]) -> np.ndarray:
+def _time_residuals(c: CostConstants, runs: Sequence[Run],
+                    models: dict[str, CostModel] | None = None) -> np.ndarray:
+    """Log errors of the predicted times; ``models`` (row id -> a cost model of the run,
+    filled on first use) lets every evaluation of the fit reuse each run's geometry."""
     by_set: dict[str, list[float]] = {}
     for run in runs:
         if not math.isfinite(run.measured_s):
             continue
-        pred = predicted_time(run, c)
+        like = None
+        if models is not None:
+            like = models.get(run.row_id)
+            if like is None:
+                like = models[run.row_id] = CostModel(run.cluster, run.model, run.training,
+                                                      constants=c, samples=0)
+        pred = predicted_time(run, c, like)
         by_set.setdefault(run.experiment, []).append(math.log(pred / run.measured_s))
     # Equal weight per data set, whatever its number of rows.
     return np.concatenate([np.array(v) / math.sqrt(len(v)) for v in by_set.values()])
@@ -170,12 +179,13 @@ def fit_constants(base: CostConstants | None = None,
     # on the critical path are discrete properties: fit the continuous constants under
     # each combination and keep the best.
     fits = []
+    models: dict[str, CostModel] = {}  # per run: its routes and crossings, for every step
     # (Megatron-LM's own behaviour is known: scatter-gather transfers, embedding sync.)
     for copies, sync in itertools.product((False, True), (True, False)):
         start = base.with_framework(MDS, p2p_copy_per_tp_rank=copies, tied_embedding_sync=sync)
 
         def residuals(z: np.ndarray, start: CostConstants = start) -> np.ndarray:
-            return _time_residuals(_apply(start, params, z * scale), runs)
+            return _time_residuals(_apply(start, params, z * scale), runs, models)
 
         fit = least_squares(residuals, x0 / scale, bounds=(lo / scale, hi / scale),
                             diff_step=1e-3, xtol=1e-6, ftol=1e-6, max_nfev=400)

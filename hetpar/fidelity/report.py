@@ -39,9 +39,11 @@ class RunResult:
         return self.predicted_s / self.measured_s - 1.0
 
 
-def predicted_time(run: Run, constants: CostConstants) -> float:
-    """The fast path of ``predict``: the predicted iteration time only."""
-    cm = CostModel(run.cluster, run.model, run.training, constants=constants, samples=0)
+def predicted_time(run: Run, constants: CostConstants, like: CostModel | None = None) -> float:
+    """The fast path of ``predict``: the predicted iteration time only. ``like``, a cost
+    model of the same run under other constants, lends its tables of where data goes."""
+    cm = (like.with_constants(constants) if like is not None else
+          CostModel(run.cluster, run.model, run.training, constants=constants, samples=0))
     best = (False, -math.inf)
     for plan in run.plans:
         times, fits = cm.iteration_times(plan)

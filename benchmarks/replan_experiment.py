@@ -3,7 +3,8 @@
     python benchmarks/replan_experiment.py [--seeds 0,1,2] [--time-limit 5] [--policy FILE]
 
 Writes docs/results-dynamic.md (table with mean and spread per strategy and scenario, the
-issue's targets checked), docs/results-dynamic/<scenario>.png (timelines of seed 0) and
+hand-written docs/results-dynamic/findings.md if present, the issue's targets checked),
+docs/results-dynamic/<scenario>.png (timelines of seed 0) and
 docs/results-dynamic/summary.json. Sized for ~10-15 minutes on two busy cores: plans are
 cached per network state, so each distinct state costs one time-limited exact search.
 """
@@ -87,6 +88,13 @@ def main() -> int:
             f"{r['migration_s_mean']:.0f} | {r['planning_charged_s_mean']:.2f} |")
     for n in notes:
         lines.append(f"\n{n}")
+    # What the numbers mean is written by hand next to the figures, and kept on a re-run.
+    findings = figs / "findings.md"
+    if findings.is_file():
+        text = findings.read_text()
+        if text.lstrip().startswith("<!--"):
+            text = text[text.index("-->") + 3:]
+        lines += ["", text.strip()]
     # Targets.
     by = {(r["scenario"], r["strategy"]): r for r in rows}
     lines += ["", "## Targets", ""]

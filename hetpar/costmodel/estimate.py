@@ -520,10 +520,8 @@ class CostModel:
             loads = frame.dp_per_param @ np.array(params_l) + frame.dp_fixed
             dp_time = dp_time + ((frame.dp_inv_bw * loads).max(axis=1) + frame.dp_latency)
         total = pipe + dp_time + (opt_s + self.framework.iteration_overhead_s)
-        return CoreTerms(total, feasible, works, params_l, used_l,
-                         [list(sf.perfs) for sf in frame.stages],
-                         [list(sf.host_ids) for sf in frame.stages], frame.boundary, stage_s,
-                         cycle, dp_time, dp_intra, opt_s)
+        return CoreTerms(total, feasible, works, params_l, used_l, frame.perfs, frame.host_ids,
+                         frame.boundary, stage_s, cycle, dp_time, dp_intra, opt_s)
 
     def with_constants(self, constants: CostConstants) -> CostModel:
         """The same cluster, model, training and bandwidth states under other constants

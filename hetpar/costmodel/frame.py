@@ -11,7 +11,9 @@ structure, pay for the routes and flows once (``CostModel.frame`` / ``CostModel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -61,6 +63,16 @@ class PlanFrame:
     def num_stages(self) -> int:
         return len(self.stages)
 
+    @cached_property
+    def perfs(self) -> tuple[tuple[GpuPerf, ...], ...]:
+        """Per stage, each replica's GPU figures (what reports read)."""
+        return tuple(sf.perfs for sf in self.stages)
+
+    @cached_property
+    def host_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, each replica's host index."""
+        return tuple(sf.host_ids for sf in self.stages)
+
 
 @dataclass(frozen=True)
 class CoreTerms:
@@ -71,8 +83,8 @@ class CoreTerms:
     works: list[StageWork]
     params: list[float]
     used: list[float]
-    perfs: list[list[GpuPerf]]
-    host_ids: list[list[int]]
+    perfs: Sequence[Sequence[GpuPerf]]  # per stage, per replica
+    host_ids: Sequence[Sequence[int]]
     boundary: np.ndarray
     stage_s: np.ndarray
     cycle: np.ndarray

@@ -260,13 +260,15 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
 
     def evaluate(split: tuple[int, ...]) -> tuple[float, np.ndarray | None]:
         nonlocal frame
+        plan = None  # built only when needed: for the first frame, or a better plan
         if frame is None:
-            frame = cm.frame(space.to_plan(stages, split, m, rc, s.zero))
+            plan = space.to_plan(stages, split, m, rc, s.zero)
+            frame = cm.frame(plan)
         core = cm.core_split(frame, split)
         s.counters.leaves += 1
         value = objective(core.total) if core.feasible else math.inf
         if value < s.best_value:
-            s.offer(value, space.to_plan(stages, split, m, rc, s.zero))
+            s.offer(value, plan or space.to_plan(stages, split, m, rc, s.zero))
         return value, core.boundary
 
     # A first split in proportion to each stage's speed, within memory. Transfer times do

@@ -24,6 +24,7 @@ from hetpar import Plan, validate_plan
 from hetpar.cluster import parse_cluster
 from hetpar.costmodel import CostModel, estimate, load_constants
 from hetpar.costmodel.comm import ring_allreduce_time
+from hetpar.costmodel.objective import Objective
 from hetpar.costmodel.schedule import one_f_one_b
 from hetpar.workload import parse_model, parse_training
 
@@ -578,3 +579,32 @@ def test_a_cost_model_keeps_a_bounded_number_of_frames(monkeypatch):
             dataclasses.replace(plan, micro_batches=m))
         _same_core(cm.core(dataclasses.replace(plan, micro_batches=m)), want)
     assert len(cm._frames) == 2
+
+
+@LAWS
+@given(instances(variable=True), st.integers(1, 4))
+def test_scoring_a_batch_of_splits_equals_scoring_each(inst, k):
+    """``score_splits`` (every split of a structure in one vectorised pass, what the exact
+    layer-split search uses on small pipelines) gives each split what ``core_split``
+    gives it, memory verdict included."""
+    cluster, model, training, plan = inst
+    cm = cost_model(cluster, model, training, samples=k, seed=2)
+    frame = cm.frame(plan)
+    p, L = plan.num_stages, model.layers
+    splits = np.array([c for c in itertools.product(range(1, L + 1), repeat=p)
+                       if sum(c) == L][:300])
+    totals, fits = cm.score_splits(frame, cm.split_tables(frame), splits)
+    for row, total, fit in zip(splits, totals, fits):
+        core = cm.core_split(frame, [int(n) for n in row])
+        np.testing.assert_array_equal(total, core.total)
+        assert fit == core.feasible
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.01, 100.0), min_size=5, max_size=5), min_size=1,
+                max_size=6),
+       st.sampled_from(["mean", "p50", "p90", "cvar0.5", "cvar0.9", "cvar0.99", "cvar0"]))
+def test_objective_rows_equal_the_objective_of_each_row(rows, name):
+    obj = Objective.parse(name)
+    x = np.array(rows)
+    np.testing.assert_allclose(obj.rows(x), [obj(r) for r in x], rtol=1e-12)

@@ -24,7 +24,7 @@ from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import (in_flight, layer_activation_bytes, logits_bytes,
                                      stage_params_per_gpu)
 from hetpar.costmodel.objective import Objective, cvar
-from hetpar.costmodel.frame import CoreTerms, PlanFrame, StageFrame
+from hetpar.costmodel.frame import CoreTerms, PlanFrame, SplitTables, StageFrame
 from hetpar.costmodel.schedule import cycle_transfers, one_f_one_b
 from hetpar.errors import ConfigError, PlanError
 from hetpar.plan import Plan, validate_plan
@@ -220,6 +220,7 @@ class CostModel:
         self._flow_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
         self._frames: dict[tuple, PlanFrame] = {}
         self._crossing_cache: dict[tuple, tuple[dict[int, float], float, float]] = {}
+        self._row_cache: dict[tuple, tuple[np.ndarray, ...]] = {}
 
     def with_bandwidth(self, bandwidth: np.ndarray) -> CostModel:
         """The same context under other bandwidth states (K, links) in Gb/s.
@@ -350,19 +351,27 @@ class CostModel:
         hit = self._memory_cache.get(key)
         if hit is not None:
             return hit
+        params, used = self._stage_bytes(layers, tp, dp, seqs, inflight, first, last,
+                                         recompute, zero)
+        out = self._memory_cache[key] = (params, used)
+        return out
+
+    def _stage_bytes(self, layers: Any, tp: int, dp: int, seqs: float, inflight: int,
+                     first: bool, last: bool, recompute: str, zero: bool) -> tuple[Any, Any]:
+        """``stage_memory`` unmemoised; ``layers`` may be an int or an array of counts
+        (elementwise the same arithmetic, so the same values)."""
         c, fw, model, s = self.constants, self.framework, self.model, self.seq_len
         flash = self.training.flash_attention
         params = stage_params_per_gpu(model, layers, tp, first, last)
         states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
             dp if zero else 1)
         act = layers * layer_activation_bytes(model, seqs, s, tp, recompute, flash) * inflight
-        if recompute == "full" and layers:
+        if recompute == "full":
             # Recomputing a layer materialises its full activations once more.
-            act += layer_activation_bytes(model, seqs, s, tp, "none", flash)
+            act = act + (layers > 0) * layer_activation_bytes(model, seqs, s, tp, "none", flash)
         if last:
-            act += logits_bytes(model, seqs, s, tp, fw.logits_bytes_per_value)
-        out = self._memory_cache[key] = (params, states + act)
-        return out
+            act = act + logits_bytes(model, seqs, s, tp, fw.logits_bytes_per_value)
+        return params, states + act
 
     def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
         """The layer-independent terms of ``plan``'s pipeline structure (memoised): every
@@ -522,6 +531,63 @@ class CostModel:
         total = pipe + dp_time + (opt_s + self.framework.iteration_overhead_s)
         return CoreTerms(total, feasible, works, params_l, used_l, frame.perfs, frame.host_ids,
                          frame.boundary, stage_s, cycle, dp_time, dp_intra, opt_s)
+
+    def split_tables(self, frame: PlanFrame) -> SplitTables:
+        """``frame``'s per-stage terms for every layer count of each stage (the
+        layer-dependent half of ``core_split``, tabulated for a batch of splits)."""
+        rows = [self._stage_row(sf, frame.recompute, frame.zero) for sf in frame.stages]
+        return SplitTables(*(np.stack(col) for col in zip(*rows)))
+
+    def _stage_row(self, sf: StageFrame, recompute: str, zero: bool,
+                   ) -> tuple[np.ndarray, ...]:
+        """One stage's (work, params, fits, opt, intra) for 0..L layers (memoised: stages
+        of the same kinds, shape and position recur across structures)."""
+        key = (tuple(id(k) for k in sf.kinds), sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
+               sf.last, recompute, zero, sf.usable_bytes, sf.hbm, sf.host_members,
+               sf.intra_bw, sf.intra_step)
+        hit = self._row_cache.get(key)
+        if hit is not None:
+            return hit
+        c = self.constants
+        n = np.arange(self.model.layers + 1)
+        par, used = self._stage_bytes(n, sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
+                                      sf.last, recompute, zero)
+        # The slowest kind, as core_split picks it (stage_work is elementwise arithmetic).
+        work = np.max([stage_work(self.model, self.seq_len, sf.seqs, sf.tp, n, sf.first,
+                                  sf.last, recompute, self.training.flash_attention, perf,
+                                  c, self.framework).total for perf in sf.kinds], axis=0)
+        work[0] = np.inf  # a stage holds at least one layer
+        params = np.asarray(par, dtype=float)
+        fits = np.asarray(used <= sf.usable_bytes)
+        opt = params / (sf.dp if zero else 1) * c.optimizer_bytes_per_param / sf.hbm
+        intra = np.zeros(len(n))
+        if sf.host_members > 1:
+            intra = ring_allreduce_time(params * c.grad_bytes, sf.host_members, sf.intra_bw,
+                                        sf.intra_step)
+        out = self._row_cache[key] = (work, params, fits, opt, intra)
+        for a in out:
+            a.setflags(write=False)
+        return out
+
+    def score_splits(self, frame: PlanFrame, tables: SplitTables, splits: np.ndarray,
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Iteration seconds ((N, K)) and whether each fits in memory ((N,)) of the N layer
+        splits ``splits`` ((N, p) layers per stage) of ``frame``'s structure: what
+        ``core_split`` gives each of them, in one vectorised pass."""
+        cols = np.arange(frame.num_stages)
+        stage_s = tables.work[cols, splits]  # (N, p)
+        feasible = tables.fits[cols, splits].all(axis=1)
+        m = frame.micro_batches
+        cycle = (stage_s[:, None, :] + frame.cycle_transfers[None, :, :]).max(axis=2)
+        total = stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :] + (m - 1) * cycle
+        dp_time = tables.intra[cols, splits].max(axis=1)[:, None]
+        if frame.dp_fixed.size:
+            params = tables.params[cols, splits]
+            loads = params @ frame.dp_per_param.T + frame.dp_fixed  # (N, C)
+            dp_time = dp_time + ((frame.dp_inv_bw[None, :, :] * loads[:, None, :]).max(axis=2)
+                                 + frame.dp_latency)
+        opt_s = tables.opt[cols, splits].max(axis=1)[:, None]
+        return total + dp_time + (opt_s + self.framework.iteration_overhead_s), feasible
 
     def with_constants(self, constants: CostConstants) -> CostModel:
         """The same cluster, model, training and bandwidth states under other constants

@@ -19,7 +19,7 @@ import numpy as np
 
 from hetpar.costmodel.compute import GpuPerf, StageWork
 
-__all__ = ["CoreTerms", "PlanFrame", "StageFrame"]
+__all__ = ["CoreTerms", "PlanFrame", "SplitTables", "StageFrame"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,3 +91,16 @@ class CoreTerms:
     dp_time: np.ndarray | float
     dp_intra: list[float]
     opt_s: float
+
+
+@dataclass(frozen=True, eq=False)
+class SplitTables:
+    """Per stage of one structure, the layer-dependent terms of every layer count
+    ``n = 0..max_layers`` (columns; infinite work where a count was not tabulated), so
+    that a batch of layer splits is scored by indexing (``CostModel.score_splits``)."""
+
+    work: np.ndarray  # (p, L+1) seconds per micro-batch of the slowest replica kind
+    params: np.ndarray  # (p, L+1) parameters per GPU
+    fits: np.ndarray  # (p, L+1) bool: peak memory within the stage's smallest usable memory
+    opt: np.ndarray  # (p, L+1) optimizer-step seconds
+    intra: np.ndarray  # (p, L+1) all-reduce seconds over a host's scale-up link first

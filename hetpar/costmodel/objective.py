@@ -71,6 +71,28 @@ class Objective:
             return f"p{self.level * 100:g}"
         return f"cvar{self.level:g}"
 
+    def rows(self, samples: np.ndarray) -> np.ndarray:
+        """The objective of each row of ``samples`` ((N, K)): what ``__call__`` gives each
+        row, vectorised (scoring a batch of plans)."""
+        x = np.asarray(samples, dtype=float)
+        if self.kind == "mean":
+            return x.mean(axis=1)
+        if self.kind == "quantile":
+            return np.quantile(x, self.level, axis=1)
+        n = x.shape[1]
+        if self.level <= 0:
+            return x.mean(axis=1)
+        x = np.sort(x, axis=1)
+        tail = (1.0 - self.level) * n
+        if tail <= 0:
+            return x[:, -1].copy()
+        whole = int(math.floor(tail))
+        frac = tail - whole
+        total = x[:, n - whole:].sum(axis=1) if whole else np.zeros(len(x))
+        if frac > 0:
+            total = total + frac * x[:, n - whole - 1]
+        return total / tail
+
     def __call__(self, samples: np.ndarray) -> float:
         if self.kind == "mean":
             return float(np.mean(samples))

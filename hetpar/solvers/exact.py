@@ -24,6 +24,7 @@ lower bound and the gap.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -34,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.frame import PlanFrame
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds, StageProfile
@@ -288,6 +290,10 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
         s.counters.pruned_bound += 1
         return
     _, boundary = evaluate(start)
+    if p > 1 and _count_splits(L, caps) <= ENUMERATE_SPLITS:
+        assert frame is not None  # built by the first evaluation
+        _enumerate_splits(s, stages, frame, caps, m, rc)
+        return
     c = s.bounds.reduce(boundary) if p > 1 else np.zeros(0)
     cin = [0.0] + list(c)
     cout = list(c) + [0.0]
@@ -364,6 +370,78 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
         s.counters.pruned_bound += 1
         return
     dfs(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf)
+
+
+# A pipeline whose layer splits within memory number at most this many has every split
+# scored in one vectorised pass (CostModel.score_splits) instead of the branch and bound
+# over splits: below it, scoring all of them costs less than the bounds' node-by-node walk
+# (benchmarks/solver_ladder.py --splits compares the two).
+ENUMERATE_SPLITS = 6000
+
+
+def _count_splits(total: int, caps: list[int]) -> int:
+    """How many splits of ``total`` layers give stage i between 1 and ``caps[i]`` layers
+    (a bounded-compositions count, by dynamic programming over the stages)."""
+    ways = [1] + [0] * total
+    for cap in caps:
+        nxt = [0] * (total + 1)
+        run = 0
+        for t in range(total + 1):
+            # nxt[t] = sum of ways[t - k] for k in 1..cap, as a sliding window.
+            if t >= 1:
+                run += ways[t - 1]
+            if t - cap - 1 >= 0:
+                run -= ways[t - cap - 1]
+            nxt[t] = run
+        ways = nxt
+    return ways[total]
+
+
+@functools.lru_cache(maxsize=256)
+def _compositions(total: int, caps: tuple[int, ...]) -> np.ndarray:
+    """Every split of ``total`` layers with 1 <= n_i <= caps[i] ((N, p), read-only), in
+    lexicographic order."""
+    p = len(caps)
+    rows = np.zeros((1, 0), dtype=np.intp)
+    used = np.zeros(1, dtype=np.intp)
+    for i, cap in enumerate(caps):
+        rest_min = p - 1 - i  # the stages after this one hold a layer each
+        rest_max = sum(caps[i + 1:])
+        if i == p - 1:
+            k = total - used
+            keep = (k >= 1) & (k <= cap)
+            rows = np.column_stack([rows[keep], k[keep]])
+            break
+        ks = np.arange(1, cap + 1)
+        new_used = used[:, None] + ks[None, :]
+        keep = (new_used + rest_min <= total) & (new_used + rest_max >= total)
+        parent, col = np.nonzero(keep)
+        rows = np.column_stack([rows[parent], ks[col]])
+        used = new_used[parent, col]
+    rows.setflags(write=False)
+    return rows
+
+
+def _enumerate_splits(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
+                      caps: list[int], m: int, rc: str) -> None:
+    """``best_split`` by scoring every split within the memory caps at once."""
+    s._check_time()
+    cm, objective = s.problem.cm, s.problem.objective
+    splits = _compositions(s.layers, tuple(caps))
+    values = np.full(len(splits), np.inf)
+    tables = cm.split_tables(frame)
+    for lo in range(0, len(splits), _SCORE_CHUNK):
+        chunk = splits[lo:lo + _SCORE_CHUNK]
+        totals, fits = cm.score_splits(frame, tables, chunk)
+        values[lo:lo + len(chunk)] = np.where(fits, objective.rows(totals), np.inf)
+    s.counters.leaves += len(splits)
+    best = int(np.argmin(values))
+    if values[best] < s.best_value:
+        split = tuple(int(n) for n in splits[best])
+        s.offer(float(values[best]), s.problem.space.to_plan(stages, split, m, rc, s.zero))
+
+
+_SCORE_CHUNK = 2048  # splits per vectorised pass (bounds the (N, K, p) temporaries)
 
 
 def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: int, L: int,

@@ -204,3 +204,67 @@ def test_beam_width_below_one_is_refused(shipped):
     inst = load_suite("test-iid").instance(0)
     with pytest.raises(ConfigError, match="beam"):
         plan_with_policy(shipped, inst, beam=0)
+
+
+def _bandwidth_variants(cluster, n, seed):
+    from hetpar.dynamics.strategies import cluster_at
+
+    rng = np.random.default_rng(seed)
+    caps = np.array([lk.capacity_gbps for lk in cluster.links])
+    return [cluster_at(cluster, caps * rng.uniform(0.05, 1.0, len(caps))) for _ in range(n)]
+
+
+def test_a_plan_cache_gives_the_plans_of_fresh_environments(shipped):
+    """What a re-planner keeps between network states (PlanCache) changes no plan."""
+    from hetpar.agents.planner import PlanCache
+
+    inst = load_suite("test-iid").instance(3)
+    cache = PlanCache()
+    for cluster in _bandwidth_variants(inst.cluster, 3, seed=1):
+        kept = plan_with_policy(shipped, cluster, inst.model, inst.training, samples=2, beam=2,
+                                cache=cache)
+        fresh = plan_with_policy(shipped, cluster, inst.model, inst.training, samples=2, beam=2)
+        assert kept.plan == fresh.plan
+        assert kept.value == fresh.value and kept.raw_value == fresh.raw_value
+    assert len(cache) == 1
+
+
+def test_a_retargeted_environment_observes_and_masks_like_a_fresh_one():
+    from hetpar.agents.planner import instance_of
+
+    inst = load_suite("test-iid").instance(3)
+    first, second = (instance_of(c, inst.model, inst.training)
+                     for c in _bandwidth_variants(inst.cluster, 2, seed=2))
+    kwargs = dict(max_hosts=16, bandwidth="robust", samples=2)
+    env = PlanBuilderEnv([first], **kwargs)
+    env.reset(seed=0)
+    moved, fresh = env.retarget(second), PlanBuilderEnv([second], **kwargs)
+    rng = np.random.default_rng(0)
+    obs_a, _ = moved.reset(seed=3)
+    obs_b, _ = fresh.reset(seed=3)
+    while True:
+        for key in obs_b:
+            np.testing.assert_array_equal(obs_a[key], obs_b[key])
+        np.testing.assert_array_equal(moved.action_masks(), fresh.action_masks())
+        action = int(rng.choice(np.flatnonzero(fresh.action_masks())))
+        obs_a, r_a, done, _, info_a = moved.step(action)
+        obs_b, r_b, _, _, info_b = fresh.step(action)
+        assert r_a == r_b
+        if done:
+            assert info_a["objective_s"] == info_b["objective_s"]
+            break
+    assert moved.context.masks is env.context.masks  # memory feasibility is shared
+    other = load_suite("test-iid").instance(4)
+    with pytest.raises(ValueError, match="more than link bandwidth"):
+        env.retarget(other)
+
+
+def test_an_incumbent_only_prunes_the_refinement(shipped):
+    inst = load_suite("test-iid").instance(4)
+    base = plan_with_policy(shipped, inst, samples=2, beam=2)
+    # One the policy's best raw plan already beats changes nothing.
+    loose = plan_with_policy(shipped, inst, samples=2, beam=2, incumbent=base.raw_value * 2)
+    assert loose.plan == base.plan and loose.value == base.value
+    # One nothing beats: the policy's best raw plan comes back (the caller keeps its own).
+    tight = plan_with_policy(shipped, inst, samples=2, beam=2, incumbent=base.value * 0.5)
+    assert tight.value == tight.raw_value == base.raw_value or tight.value < base.value * 0.5

@@ -41,7 +41,7 @@ from hetpar.plan import Plan
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["DEFAULT_BEAM", "DEFAULT_SAMPLES", "PolicyPlan", "check_hosts", "forward_for",
+__all__ = ["DEFAULT_BEAM", "DEFAULT_SAMPLES", "PlanCache", "PolicyPlan", "check_hosts", "forward_for",
            "instance_of", "plan_with_policy"]
 
 DEFAULT_SAMPLES = 16  # bandwidth states when the policy's metadata does not say
@@ -116,6 +116,30 @@ class PolicyPlan:
                 "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
 
 
+class PlanCache:
+    """What ``plan_with_policy`` keeps between calls on clusters of one topology (the
+    successive network states of a re-planned training run): per topology, model,
+    training and policy settings, the planning environment (memory-feasibility tables
+    and action masks, which no bandwidth change alters) and the scoring cost model
+    (bandwidth-free work, memory and flow tables). The oldest of ``size`` entries is
+    dropped first."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._entries: dict[tuple, tuple[Any, CostModel]] = {}
+
+    def get(self, key: tuple) -> tuple[Any, CostModel] | None:
+        return self._entries.get(key)
+
+    def put(self, key: tuple, env: Any, cm: CostModel) -> None:
+        if len(self._entries) >= self.size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (env, cm)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def instance_of(cluster: Cluster | Instance, model: ModelSpec | None = None,
                 training: TrainingSpec | None = None, *, name: str | None = None) -> Instance:
     """An ``Instance`` for already-loaded cluster, model and training objects.
@@ -154,7 +178,9 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                      threads: int | None = 1, source: str = "", refine: bool = True,
                      refine_steps: int | None = DEFAULT_REFINE_STEPS,
                      refine_time: float | None = None, beam: int = 1,
-                     refine_candidates: int = REFINE_CANDIDATES) -> PolicyPlan:
+                     refine_candidates: int = REFINE_CANDIDATES,
+                     cache: PlanCache | None = None,
+                     incumbent: float = math.inf) -> PolicyPlan:
     """One deterministic masked rollout of ``bundle``'s policy on one instance.
 
     ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
@@ -166,7 +192,13 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     module docstring). ``beam`` > 1 runs a beam search of that width over the policy's
     log-probabilities instead of the single most-likely rollout (see the module
     docstring); besides the greedy rollout's structure, the ``refine_candidates`` best
-    other structures it finished are refined. Raises ConfigError
+    other structures it finished are refined. ``cache`` (a ``PlanCache``) keeps the
+    environment and cost model between calls for clusters of one topology under changing
+    bandwidth, as a re-planner makes them: only bandwidth terms are rebuilt, and the plan
+    is the one a call without the cache gives. ``incumbent`` is the value of a plan the
+    caller already holds (a re-planner's current plan in the new state): refinement then
+    only seeks plans better than it, which prunes more, and the policy's own best plan
+    is returned when none is found. Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -190,12 +222,22 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     kwargs["samples"] = k
 
     start = time.perf_counter()
-    env = PlanBuilderEnv([inst], max_hosts=bundle.max_hosts, objective=obj.name,
-                         bandwidth="robust", constants=constants, **kwargs)
+    key = (inst.cluster.topology_key, id(inst.model), id(inst.training), id(constants),
+           bundle.max_hosts, obj, tuple(sorted(kwargs.items())))
+    kept = cache.get(key) if cache is not None else None
+    if kept is None:
+        env = PlanBuilderEnv([inst], max_hosts=bundle.max_hosts, objective=obj.name,
+                             bandwidth="robust", constants=constants, **kwargs)
+        cm = CostModel(inst.cluster, inst.model, inst.training, constants=constants,
+                       samples=k, seed=seed)
+        if cache is not None:
+            cache.put(key, env, cm)
+    else:
+        env = kept[0].retarget(inst)
+        cm = kept[1].with_bandwidth(
+            inst.cluster.sample_link_bandwidth(np.random.default_rng(seed), k))
     obs, _ = env.reset(seed=seed, options={"instance": 0})
     policy = bundle.model.policy
-    cm = CostModel(inst.cluster, inst.model, inst.training, constants=constants, samples=k,
-                   seed=seed)
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -251,7 +293,7 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
         # The best raw structure first: its refined value then prunes the others' search.
         for n in sorted(picks, key=lambda n: (values[n], n)):
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
-                              time_limit=refine_time, beat=best)
+                              time_limit=refine_time, beat=min(best, incumbent))
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
         refine_s = time.perf_counter() - t0

@@ -104,6 +104,14 @@ class Cluster:
         """(k, links) Gb/s -> (k, channels) bytes/s; both directions share a draw."""
         return np.repeat(link_gbps, 2, axis=1) * (1e9 / 8)
 
+    @property
+    def topology_key(self) -> tuple:
+        """Hosts, switches and links without the links' bandwidth processes: equal keys
+        mean the same routes, GPUs and memory, so everything that does not depend on
+        bandwidth (memory feasibility, flows' routes) holds for both clusters."""
+        return (self.hosts, self.switches,
+                tuple((lk.a, lk.b, lk.capacity_gbps, lk.latency_s) for lk in self.links))
+
     def summary(self) -> str:
         kinds: dict[str, int] = {}
         for h in self.hosts:

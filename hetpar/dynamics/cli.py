@@ -30,10 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="policy file for the 'policy' strategy (default: the shipped policy; "
                         "skipped with a note when none is available)")
     p.add_argument("--beam", type=int, default=None, metavar="W",
-                   help="beam width of the policy's planning (default 4; 1: one rollout)")
+                   help="beam width of the policy's planning (default 1: one rollout; "
+                        "3-4 plan up to 3%% better in 60-100 ms, see docs/results-dynamic.md)")
     p.add_argument("--refine-steps", type=int, default=None, metavar="N",
                    help="search steps of each refinement of the policy's plans (default "
-                        "500; fewer: faster decisions, see docs/results-dynamic.md)")
+                        "150)")
     p.add_argument("--strategies", default="static,robust,policy,exact,exact-rt",
                    help="comma-separated: static, robust, policy, exact (oracle: planning "
                         "time not charged), exact-rt (realistic: charged as stall)")

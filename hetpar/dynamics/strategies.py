@@ -46,6 +46,8 @@ __all__ = [
     "PlanResult",
     "Planners",
     "PolicyUnavailable",
+    "REPLAN_BEAM",
+    "REPLAN_REFINE_STEPS",
     "Strategy",
     "bounded_exact",
     "cluster_at",
@@ -53,6 +55,12 @@ __all__ = [
 ]
 
 STRATEGIES = ("static", "robust", "policy", "exact", "exact-rt")
+
+# The policy re-planner's defaults: one rollout and a short refinement decide within
+# 50 ms on these clusters and already beat static and robust (docs/results-dynamic.md:
+# wider beams plan up to 3% better on congested clouds and host loss, in 60-100 ms).
+REPLAN_BEAM = 1
+REPLAN_REFINE_STEPS = 150
 
 
 class PolicyUnavailable(Exception):
@@ -120,8 +128,8 @@ class Planners:
     training: TrainingSpec
     time_limit_s: float = 5.0
     policy_path: str | None = None
-    beam: int | None = None  # of the policy's planning (None: the planner's DEFAULT_BEAM)
-    refine_steps: int | None = None  # of each refinement (None: the planner's default)
+    beam: int | None = None  # of the policy's planning (None: REPLAN_BEAM)
+    refine_steps: int | None = None  # of each refinement (None: REPLAN_REFINE_STEPS)
     refine_candidates: int | None = None  # structures refined besides the greedy one
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
@@ -129,6 +137,7 @@ class Planners:
     _scores: dict[tuple, float] = field(default_factory=dict)
     _plans: dict[tuple, PlanResult] = field(default_factory=dict)
     _bundle: Any = None
+    _plan_cache: Any = None  # the policy planner's environments per topology (PlanCache)
     _bundle_error: str = ""
     policy_latencies: list[float] = field(default_factory=list)
     exact_latencies: list[float] = field(default_factory=list)
@@ -200,24 +209,29 @@ class Planners:
             raise PolicyUnavailable(self._bundle_error)
         return self._bundle
 
-    def policy(self, state: NetworkState) -> PlanResult:
+    def policy(self, state: NetworkState, incumbent: float = math.inf) -> PlanResult:
+        """The policy's plan for ``state``; ``incumbent``: the value in ``state`` of the
+        best plan the caller already holds, which the refinement then has to beat."""
         if state.cluster is None:
             return PlanResult(None, math.inf, 0.0, True, "policy")
-        key = ("policy", state.key)
+        key = ("policy", state.key, incumbent)
         hit = self._plans.get(key)
         if hit is None:
-            from hetpar.agents.planner import (DEFAULT_BEAM, DEFAULT_REFINE_STEPS,
-                                               REFINE_CANDIDATES, plan_with_policy)
+            from hetpar.agents.planner import REFINE_CANDIDATES, plan_with_policy
+            from hetpar.agents.planner import PlanCache
             bundle = self.bundle()
+            if self._plan_cache is None:
+                self._plan_cache = PlanCache()
             start = time.perf_counter()
             try:
                 pp = plan_with_policy(bundle, cluster_at(state.cluster, state.bandwidth),
                                       self.model, self.training, objective="mean", samples=1,
-                                      beam=self.beam or DEFAULT_BEAM,
-                                      refine_steps=self.refine_steps or DEFAULT_REFINE_STEPS,
+                                      beam=self.beam or REPLAN_BEAM,
+                                      refine_steps=self.refine_steps or REPLAN_REFINE_STEPS,
                                       refine_candidates=REFINE_CANDIDATES
                                       if self.refine_candidates is None
-                                      else self.refine_candidates)
+                                      else self.refine_candidates,
+                                      cache=self._plan_cache, incumbent=incumbent)
                 plan, value = pp.plan, pp.value
             except HetparError:
                 plan, value = None, math.inf  # e.g. more hosts than the policy handles
@@ -310,10 +324,15 @@ class Replanner(Strategy):
         return dec
 
     def on_change(self, state: NetworkState, current: Plan | None) -> Decision:
-        res = self.p.policy(state) if self.method == "policy" else self.p.exact(state)
-        options = [(self.p.iteration_time(res.plan, state), 0, res.plan, res.method)]
-        for i, plan in enumerate(self.library):
-            options.append((self.p.iteration_time(plan, state), i + 1, plan, "library"))
+        known = [(self.p.iteration_time(plan, state), i + 1, plan, "library")
+                 for i, plan in enumerate(self.library)]
+        if self.method == "policy":
+            # The library's best in this state is what the policy's plan must beat: its
+            # refinement prunes every completion that would not (fewer search steps).
+            res = self.p.policy(state, min((o[0] for o in known), default=math.inf))
+        else:
+            res = self.p.exact(state)
+        options = [(self.p.iteration_time(res.plan, state), 0, res.plan, res.method), *known]
         value, _, best, source = min(options, key=lambda o: (o[0], o[1]))
         if not math.isfinite(value):
             best, source = None, res.method

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class InstanceContext:
     _feasible_m: dict[tuple[str, int], tuple[int, ...]] = field(default_factory=dict)
     _any_m: dict[tuple[str, int], bool] = field(default_factory=dict)
     witness: bool = True  # oracles try a greedy completion before searching
+    samples: int = 0  # bandwidth states of ``cm`` (0: each link's mean)
 
     @classmethod
     def build(cls, instance: Instance, *, samples: int, constants: CostConstants | None,
@@ -62,7 +64,31 @@ class InstanceContext:
                                   f"{training.precision} training")
         return cls(instance, cm, space, classes, micro, cm.model_flops_per_iter / peak,
                    np.array([h.num_gpus for h in cluster.hosts], dtype=np.float32),
-                   np.array(classes.of_host, dtype=np.int64), witness=witness)
+                   np.array(classes.of_host, dtype=np.int64), witness=witness,
+                   samples=samples)
+
+    def rebind(self, instance: Instance) -> InstanceContext:
+        """This context for ``instance``, a cluster of the same topology (hosts, links,
+        routes) under other link bandwidth, with the same model and training.
+
+        Memory feasibility does not depend on bandwidth, so the completion oracles,
+        capacity tables and memoised action masks are shared with this context; the cost
+        model is this one's under ``instance``'s bandwidth states (drawn as ``build``
+        draws them), sharing its bandwidth-free work, memory and flow tables. A
+        re-planner asks for a plan at every bandwidth change of one cluster: this is what
+        it keeps between those calls."""
+        cluster = instance.cluster
+        if cluster.topology_key != self.cluster.topology_key:
+            raise ValueError(f"cluster {cluster.name!r} differs from {self.cluster.name!r} "
+                             f"in more than link bandwidth")
+        if instance.model != self.instance.model or \
+                instance.training != self.instance.training:
+            raise ValueError("rebind keeps the model and training spec")
+        seed = instance.seed if instance.seed >= 0 else 0
+        bandwidth = (cluster.mean_link_bandwidth() if self.samples == 0 else
+                     cluster.sample_link_bandwidth(np.random.default_rng(seed), self.samples))
+        return dataclasses.replace(self, instance=instance,
+                                   cm=self.cm.with_bandwidth(bandwidth))
 
     @property
     def full_free(self) -> tuple[int, ...]:

@@ -46,6 +46,7 @@ unchanged, gives ``invalid_action_reward`` and ``info["invalid_action"] = True``
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -160,6 +161,14 @@ class PlanBuilderEnv(gym.Env):
                                     constants=self.constants, max_micro=self.layout.max_micro,
                                     witness=self.mask_witness)
         ctx.check_feasible()
+        self._install(index, ctx)
+        if len(self._cache) > self._cache_size:
+            old, _ = self._cache.popitem(last=False)
+            self._static.pop(old, None)
+            self._routes.pop(old, None)
+        return ctx
+
+    def _install(self, index: int, ctx: InstanceContext) -> None:
         self._cache[index] = ctx
         routes = route_links(ctx)
         self._routes[index] = routes
@@ -167,11 +176,23 @@ class PlanBuilderEnv(gym.Env):
                                pair_features(ctx, self.max_hosts, None, routes=routes),
                                static_globals(ctx, self.max_hosts, self.layout.max_layers,
                                               self.bandwidth_mode == "robust"))
-        if len(self._cache) > self._cache_size:
-            old, _ = self._cache.popitem(last=False)
-            self._static.pop(old, None)
-            self._routes.pop(old, None)
-        return ctx
+
+    def retarget(self, instance: Instance) -> PlanBuilderEnv:
+        """A one-instance environment like this one for ``instance``: the cluster of this
+        one-instance environment's instance under other link bandwidth (what a
+        re-planner asks for at every bandwidth change). It shares this environment's
+        memory-feasibility tables and action masks (``InstanceContext.rebind``) and
+        rebuilds the observation's bandwidth features; this environment is unchanged."""
+        if self.source.count != 1:
+            raise ValueError("retarget needs an environment of a single instance")
+        other = copy.copy(self)
+        other.source = as_source([instance])
+        other._cache = OrderedDict()
+        other._static, other._routes = {}, {}
+        other._ep, other._infeasible = None, set()
+        other._mask_cache = None
+        other._install(0, self._context(0).rebind(instance))
+        return other
 
     def _draw_index(self) -> int:
         """A random instance index; a generated instance that admits no plan (the

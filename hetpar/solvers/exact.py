@@ -35,7 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from hetpar.costmodel.estimate import CostModel
-from hetpar.costmodel.frame import PlanFrame
+from hetpar.costmodel.frame import PlanFrame, SplitTables
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds, StageProfile
@@ -276,19 +276,27 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
     # A first split in proportion to each stage's speed, within memory. Transfer times do
     # not depend on the split: bound without them first, and only if that does not prune,
     # evaluate the first split, whose report gives them (and a first incumbent).
+    a = [pr.a for pr in prof]
+    fixed0 = s.bounds.fixed + sum(pr.b for pr in prof)
+    gam0 = [pr.b for pr in prof]
+    target = s.target()
+    # Two bounds of the same relaxation: the cheap one minimises the work sum and the
+    # slowest cycle apart (O(p)), the root bound jointly (a line search); the cheap one
+    # settles most structures a refinement or search rules out.
+    opt_least = max(pr.opt_a + pr.opt_b for pr in prof)
+    apart = _SuffixFill([(m - 1) * pr.a + pr.d for pr in prof],
+                        [(m - 1) * pr.b + pr.d0 for pr in prof])(0, L)
+    if fixed0 + sum(a) + (L - p) * min(a) + apart + opt_least >= target or \
+            _root_bound(prof, a, gam0, m, L, fixed0) >= target:
+        s.counters.pruned_bound += 1
+        return
     speed = [1.0 / pr.a if pr.a > 0 else 1.0 for pr in prof]
     start = _proportional(L, speed, [pr.cap for pr in prof])
     if start is None:
         s.counters.pruned_memory += 1
         return
-    a = [pr.a for pr in prof]
     caps = [min(pr.cap, L - (p - 1)) for pr in prof]
     suffix_min_a = [min(a[i:]) for i in range(p)] + [math.inf]
-    fixed0 = s.bounds.fixed + sum(pr.b for pr in prof)
-    gam0 = [pr.b for pr in prof]
-    if _root_bound(prof, a, gam0, m, L, fixed0) >= s.target():
-        s.counters.pruned_bound += 1
-        return
     _, boundary = evaluate(start)
     if p > 1 and _count_splits(L, caps) <= ENUMERATE_SPLITS:
         assert frame is not None  # built by the first evaluation
@@ -332,9 +340,41 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
         together = max(joint, joint_tail)
         return fixed + work + max(apart, together) + max(opt, opt_rest, 0.0)
 
+    # The last stages' splits under a fixed prefix are few: scored in one vectorised pass
+    # instead of walking their subtree node by node.
+    frontier = max(p - _TAIL_STAGES, 1)
+    tail_caps = tuple(caps[frontier:])
+    tables: list[SplitTables] = []
+    # Tails are scored in batches of prefixes (a pass costs little more for 2000 splits
+    # than for 20); the incumbent that prunes the tree is updated at every batch.
+    pending: list[np.ndarray] = []
+    pending_rows = [0]
+
+    def flush() -> None:
+        if not pending:
+            return
+        assert frame is not None  # built by the first evaluation
+        if not tables:
+            tables.append(cm.split_tables(frame))
+        block = np.concatenate(pending) if len(pending) > 1 else pending[0]
+        pending.clear()
+        pending_rows[0] = 0
+        _score_block(s, stages, frame, tables[0], block, m, rc)
+
     def dfs(j: int, used: int, work: float, cycle: float, dp: float, opt: float,
             joint: float) -> None:
         s._check_time()
+        if j == frontier:
+            tails = _compositions(L - used, tail_caps)
+            if len(tails):
+                splits = np.empty((len(tails), p), dtype=np.intp)
+                splits[:, :j] = n[:j]
+                splits[:, j:] = tails
+                pending.append(splits)
+                pending_rows[0] += len(splits)
+                if pending_rows[0] >= _SCORE_CHUNK:
+                    flush()
+            return
         if j == p - 1:
             k = L - used
             if k < 1 or k > caps[j]:
@@ -369,7 +409,10 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
            _root_bound(prof, a, gam, m, L, fixed)) >= s.target():
         s.counters.pruned_bound += 1
         return
-    dfs(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf)
+    try:
+        dfs(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf)
+    finally:
+        flush()  # also when the search is stopped: what it reached is scored
 
 
 # A pipeline whose layer splits within memory number at most this many has every split
@@ -426,10 +469,15 @@ def _enumerate_splits(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanF
                       caps: list[int], m: int, rc: str) -> None:
     """``best_split`` by scoring every split within the memory caps at once."""
     s._check_time()
+    _score_block(s, stages, frame, s.problem.cm.split_tables(frame),
+                 _compositions(s.layers, tuple(caps)), m, rc)
+
+
+def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
+                 tables: SplitTables, splits: np.ndarray, m: int, rc: str) -> None:
+    """Score the layer splits ``splits`` ((N, p)) of one structure; offer the best."""
     cm, objective = s.problem.cm, s.problem.objective
-    splits = _compositions(s.layers, tuple(caps))
     values = np.full(len(splits), np.inf)
-    tables = cm.split_tables(frame)
     for lo in range(0, len(splits), _SCORE_CHUNK):
         chunk = splits[lo:lo + _SCORE_CHUNK]
         totals, fits = cm.score_splits(frame, tables, chunk)
@@ -442,6 +490,7 @@ def _enumerate_splits(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanF
 
 
 _SCORE_CHUNK = 2048  # splits per vectorised pass (bounds the (N, K, p) temporaries)
+_TAIL_STAGES = 4  # stages whose splits the split tree scores at once under each prefix
 
 
 def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: int, L: int,
@@ -461,14 +510,16 @@ def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: i
     mem = [float(min(pr.cap, L)) for pr in prof]
     order = sorted(range(p), key=lambda i: a[i])
 
+    terms = list(zip(mem, icpt, slope))
+    sum_a = sum(a)
+
     def cost(tau: float) -> float:
-        caps = [min(mem[i], (tau - icpt[i]) / slope[i]) if slope[i] > 0 else mem[i]
-                for i in range(p)]
+        caps = [min(mi, (tau - ic) / sl) if sl > 0 else mi for mi, ic, sl in terms]
         # With a tolerance: at tau = hi, (tau - icpt) / slope is L up to rounding, and a
         # cap of 1.9999999 for 2 layers must not make a feasible split look infeasible.
         if min(caps) < 1 - 1e-9 or sum(caps) < L * (1 - 1e-12) - 1e-9:
             return math.inf
-        total = sum(a)
+        total = sum_a
         left = L - p
         for i in order:
             take = min(left, caps[i] - 1)
@@ -488,7 +539,7 @@ def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: i
     edge = math.inf
     if not math.isfinite(cost(lo)):
         bad, good = lo, hi
-        for _ in range(30):
+        for _ in range(_EDGE_STEPS):
             mid = (bad + good) / 2
             if math.isfinite(cost(mid)):
                 good = mid
@@ -496,15 +547,27 @@ def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: i
                 bad = mid
         edge = bad + (cost(good) - good)  # covers thresholds in [bad, good]
         lo = good
-    for _ in range(24):
-        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if cost(m1) <= cost(m2):
-            hi = m2
+    # Golden-section search: one cost evaluation per step (a ternary search needs two),
+    # and for a convex cost a minimiser stays in [lo, hi].
+    c, d = hi - _INV_PHI * (hi - lo), lo + _INV_PHI * (hi - lo)
+    fc, fd = cost(c), cost(d)
+    for _ in range(_GOLDEN_STEPS):
+        if fc <= fd:
+            hi, d, fd = d, c, fc
+            c = hi - _INV_PHI * (hi - lo)
+            fc = cost(c)
         else:
-            lo = m1
+            lo, c, fc = c, d, fd
+            d = lo + _INV_PHI * (hi - lo)
+            fd = cost(d)
     best = min(edge, lo + (cost(hi) - hi))
     opt = max(pr.opt_a + pr.opt_b for pr in prof)
     return fixed + best + opt
+
+
+_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+_GOLDEN_STEPS = 22  # brackets the minimiser to 2.5e-5 of the thresholds' range
+_EDGE_STEPS = 24  # bisection steps for the least threshold with a placement
 
 
 def _proportional(total: int, speed: list[float], caps: list[int]) -> tuple[int, ...] | None:

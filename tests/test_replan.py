@@ -197,3 +197,19 @@ def test_replan_refine_steps_reach_the_policy_planner(monkeypatch):
     run = _run(scenario_doc(iterations=30000), ("policy",), refine_steps=7, beam=1)
     assert run.results["policy"][0].finished
     assert seen and set(seen) == {7}
+
+
+def test_warming_the_policy_planner_is_neither_timed_nor_kept():
+    """The re-planner plans once for the start state before the job (like static's plan)
+    so that its planning environment exists at the first change; that call is not a
+    decision: no latency recorded, no plan memoised."""
+    sc = parse_scenario(scenario_doc(iterations=30000))
+    planners = Planners(load_model(sc.model), load_training(sc.training), FAST, None, beam=1)
+    state = build_timeline(sc, np.random.default_rng(0)).states[0]
+    planners.warm_policy(state)
+    assert planners.policy_latencies == []
+    assert not any(key[0] == "policy" for key in planners._plans)
+    assert len(planners._plan_cache) == 1
+    res = planners.policy(state)
+    assert planners.policy_latencies == [res.wall_s] and res.plan is not None
+    assert len(planners._plan_cache) == 1  # the same topology: the kept environment

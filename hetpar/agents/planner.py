@@ -127,6 +127,14 @@ class PlanCache:
     def __init__(self, size: int = 16) -> None:
         self.size = size
         self._entries: dict[tuple, tuple[Any, CostModel]] = {}
+        self._forwards: dict[int, tuple[Any, Forward]] = {}  # id -> (policy, its forward)
+
+    def forward(self, policy: Any) -> Forward:
+        """``forward_for(policy)``, built once (it copies the network's weights)."""
+        hit = self._forwards.get(id(policy))
+        if hit is None or hit[0] is not policy:
+            hit = self._forwards[id(policy)] = (policy, forward_for(policy))
+        return hit[1]
 
     def get(self, key: tuple) -> tuple[Any, CostModel] | None:
         return self._entries.get(key)
@@ -246,7 +254,7 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
         with torch.inference_mode():
             # torch initialises its kernels on the first forward pass of a process: a
             # one-time cost like Python's start-up, counted in setup_s, not inference_s.
-            forward = forward_for(policy)
+            forward = cache.forward(policy) if cache is not None else forward_for(policy)
             forward([obs])
         setup_s = time.perf_counter() - start
         start = time.perf_counter()

@@ -574,19 +574,23 @@ class CostModel:
         """Iteration seconds ((N, K)) and whether each fits in memory ((N,)) of the N layer
         splits ``splits`` ((N, p) layers per stage) of ``frame``'s structure: what
         ``core_split`` gives each of them, in one vectorised pass."""
-        cols = np.arange(frame.num_stages)
-        stage_s = tables.work[cols, splits]  # (N, p)
-        feasible = tables.fits[cols, splits].all(axis=1)
+        # Flat indices into the (p, L+1) tables: one take per table.
+        flat = splits + np.arange(frame.num_stages) * tables.work.shape[1]
+        stage_s = tables.work.take(flat)  # (N, p)
+        feasible = tables.fits.take(flat).all(axis=1)
         m = frame.micro_batches
-        cycle = (stage_s[:, None, :] + frame.cycle_transfers[None, :, :]).max(axis=2)
+        if frame.cycle_transfers.shape[0] == 1:
+            cycle = (stage_s + frame.cycle_transfers[0]).max(axis=1)[:, None]
+        else:
+            cycle = (stage_s[:, None, :] + frame.cycle_transfers[None, :, :]).max(axis=2)
         total = stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :] + (m - 1) * cycle
-        dp_time = tables.intra[cols, splits].max(axis=1)[:, None]
+        dp_time = tables.intra.take(flat).max(axis=1)[:, None]
         if frame.dp_fixed.size:
-            params = tables.params[cols, splits]
+            params = tables.params.take(flat)
             loads = params @ frame.dp_per_param.T + frame.dp_fixed  # (N, C)
             dp_time = dp_time + ((frame.dp_inv_bw[None, :, :] * loads[:, None, :]).max(axis=2)
                                  + frame.dp_latency)
-        opt_s = tables.opt[cols, splits].max(axis=1)[:, None]
+        opt_s = tables.opt.take(flat).max(axis=1)[:, None]
         return total + dp_time + (opt_s + self.framework.iteration_overhead_s), feasible
 
     def with_constants(self, constants: CostConstants) -> CostModel:

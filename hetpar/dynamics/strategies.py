@@ -209,7 +209,16 @@ class Planners:
             raise PolicyUnavailable(self._bundle_error)
         return self._bundle
 
-    def policy(self, state: NetworkState, incumbent: float = math.inf) -> PlanResult:
+    def warm_policy(self, state: NetworkState) -> None:
+        """Plan once for ``state`` before the job starts, as static's plan is made, so
+        that the policy planner's environment, masks and cost tables for this topology
+        exist when the first change comes (the result is neither kept nor timed)."""
+        if state.cluster is None or self._bundle_error:
+            return
+        self.policy(state, record=False)
+
+    def policy(self, state: NetworkState, incumbent: float = math.inf, *,
+               record: bool = True) -> PlanResult:
         """The policy's plan for ``state``; ``incumbent``: the value in ``state`` of the
         best plan the caller already holds, which the refinement then has to beat."""
         if state.cluster is None:
@@ -236,8 +245,10 @@ class Planners:
             except HetparError:
                 plan, value = None, math.inf  # e.g. more hosts than the policy handles
             wall = time.perf_counter() - start
-            hit = self._plans[key] = PlanResult(plan, value, wall, False, "policy")
-            self.policy_latencies.append(wall)
+            hit = PlanResult(plan, value, wall, False, "policy")
+            if record:
+                self._plans[key] = hit
+                self.policy_latencies.append(wall)
         return hit
 
 
@@ -317,6 +328,8 @@ class Replanner(Strategy):
         kept as a candidate for later changes (a plan that no state favours much but that
         holds up when links degrade)."""
         dec = super().initial(state)
+        if self.method == "policy":
+            self.p.warm_policy(state)
         if self.robust_states is not None:
             robust = self.robust_plan(state)
             if robust.plan is not None and robust.plan not in self.library:

@@ -268,3 +268,12 @@ def test_an_incumbent_only_prunes_the_refinement(shipped):
     # One nothing beats: the policy's best raw plan comes back (the caller keeps its own).
     tight = plan_with_policy(shipped, inst, samples=2, beam=2, incumbent=base.value * 0.5)
     assert tight.value == tight.raw_value == base.raw_value or tight.value < base.value * 0.5
+
+
+def test_a_spent_budget_stops_the_refinement_not_the_plan(shipped):
+    inst = load_suite("test-iid").instance(4)
+    spent = plan_with_policy(shipped, inst, samples=2, budget_s=0.0)
+    assert spent.value == spent.raw_value and not spent.refine_complete
+    validate_plan(spent.plan, inst.cluster, inst.model, inst.training)
+    ample = plan_with_policy(shipped, inst, samples=2, budget_s=3600.0)
+    assert ample.plan == plan_with_policy(shipped, inst, samples=2).plan

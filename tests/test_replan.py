@@ -213,3 +213,27 @@ def test_warming_the_policy_planner_is_neither_timed_nor_kept():
     res = planners.policy(state)
     assert planners.policy_latencies == [res.wall_s] and res.plan is not None
     assert len(planners._plan_cache) == 1  # the same topology: the kept environment
+
+
+def test_cli_replan_negative_decision_budget_exit_2(capsys):
+    rc = main(["replan", "--scenario", "stable-dc", "--decision-ms", "-1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--decision-ms" in err and len(err.strip().splitlines()) == 1
+
+
+def test_replan_decision_budget_reaches_the_policy_planner(monkeypatch):
+    import hetpar.agents.planner as planner
+
+    seen = []
+    real = planner.plan_with_policy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["budget_s"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan_with_policy", spy)
+    _run(scenario_doc(iterations=30000), ("policy",), beam=1, decision_budget_s=0.2)
+    assert seen and set(seen) == {0.2}
+    seen.clear()
+    _run(scenario_doc(iterations=30000), ("policy",), beam=1, decision_budget_s=math.inf)
+    assert seen and set(seen) == {None}

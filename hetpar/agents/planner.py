@@ -188,7 +188,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                      refine_time: float | None = None, beam: int = 1,
                      refine_candidates: int = REFINE_CANDIDATES,
                      cache: PlanCache | None = None,
-                     incumbent: float = math.inf) -> PolicyPlan:
+                     incumbent: float = math.inf,
+                     budget_s: float | None = None) -> PolicyPlan:
     """One deterministic masked rollout of ``bundle``'s policy on one instance.
 
     ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
@@ -206,7 +207,10 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     is the one a call without the cache gives. ``incumbent`` is the value of a plan the
     caller already holds (a re-planner's current plan in the new state): refinement then
     only seeks plans better than it, which prunes more, and the policy's own best plan
-    is returned when none is found. Raises ConfigError
+    is returned when none is found. ``budget_s`` bounds the wall time of the whole call
+    for a caller with a deadline: the refinement, which is anytime, stops when the budget
+    is spent and keeps the best plan found so far (the rollout is not cut; the plan then
+    depends on the machine's speed). Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -229,7 +233,7 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     kwargs.pop("bandwidth", None)
     kwargs["samples"] = k
 
-    start = time.perf_counter()
+    start = called = time.perf_counter()
     key = (inst.cluster.topology_key, id(inst.model), id(inst.training), id(constants),
            bundle.max_hosts, obj, tuple(sorted(kwargs.items())))
     kept = cache.get(key) if cache is not None else None
@@ -300,8 +304,12 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
         best = value  # never worse than the best candidate as it came out of the search
         # The best raw structure first: its refined value then prunes the others' search.
         for n in sorted(picks, key=lambda n: (values[n], n)):
+            limit = refine_time
+            if budget_s is not None:
+                left = max(budget_s - (time.perf_counter() - called), 0.0)
+                limit = left if limit is None else min(limit, left)
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
-                              time_limit=refine_time, beat=min(best, incumbent))
+                              time_limit=limit, beat=min(best, incumbent))
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
         refine_s = time.perf_counter() - t0

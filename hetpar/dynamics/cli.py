@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refine-steps", type=int, default=None, metavar="N",
                    help="search steps of each refinement of the policy's plans (default "
                         "150)")
+    p.add_argument("--decision-ms", type=float, default=None, metavar="MS",
+                   help="wall-clock budget of a policy decision: its refinement stops when "
+                        "it is spent (default 45; 0: no budget, the same plans on every "
+                        "machine)")
     p.add_argument("--strategies", default="static,robust,policy,exact,exact-rt",
                    help="comma-separated: static, robust, policy, exact (oracle: planning "
                         "time not charged), exact-rt (realistic: charged as stall)")
@@ -78,6 +82,7 @@ def _cluster(name: str) -> Any:
 
 def run(args: argparse.Namespace, log: Any) -> int:
     import dataclasses
+    import math
 
     from hetpar.dynamics.experiment import parse_strategies, run_scenario, write_outputs
     from hetpar.dynamics.scenario import Migration, load_scenario, scenario_from_trace
@@ -98,6 +103,8 @@ def run(args: argparse.Namespace, log: Any) -> int:
     for flag, count in (("--beam", args.beam), ("--refine-steps", args.refine_steps)):
         if count is not None and count < 1:
             raise ConfigError(flag, "", f"must be at least 1, got {count}")
+    if args.decision_ms is not None and not args.decision_ms >= 0:
+        raise ConfigError("--decision-ms", "", f"must not be negative, got {args.decision_ms:g}")
     if args.restart_s is not None and args.restart_s < 0:
         raise ConfigError("--restart-s", "", f"must not be negative, got {args.restart_s:g}")
     cluster = _cluster(args.cluster) if args.cluster else None
@@ -125,7 +132,9 @@ def run(args: argparse.Namespace, log: Any) -> int:
     result = run_scenario(scenario, strategies, seeds, policy_path=args.policy,
                           iterations=args.iterations, time_limit_s=args.time_limit,
                           lookahead_s=args.lookahead, beam=args.beam,
-                          refine_steps=args.refine_steps, log=log)
+                          refine_steps=args.refine_steps,
+                          decision_budget_s=(None if args.decision_ms is None else
+                                             args.decision_ms / 1e3 or math.inf), log=log)
     paths = write_outputs(result, Path(args.out))
     log((paths[1]).read_text())
     log("wrote " + ", ".join(str(p) for p in paths))

@@ -64,8 +64,10 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
                  planners: Planners | None = None, policy_path: str | None = None,
                  iterations: int | None = None, time_limit_s: float | None = None,
                  lookahead_s: float | None = None, beam: int | None = None,
-                 refine_steps: int | None = None,
+                 refine_steps: int | None = None, decision_budget_s: float | None = None,
                  log: Callable[[str], None] | None = None) -> ScenarioRun:
+    """Every strategy on ``scenario`` for each seed. ``decision_budget_s`` is the policy
+    decision's wall-clock budget (None: ``REPLAN_BUDGET_S``; ``math.inf``: none)."""
     from hetpar.workload.model import load_model
     from hetpar.workload.training import load_training
 
@@ -74,6 +76,9 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
     if planners is None:
         planners = Planners(model, training, time_limit_s or scenario.exact_time_limit_s,
                             policy_path, beam=beam, refine_steps=refine_steps)
+        if decision_budget_s is not None:
+            planners.decision_budget_s = (None if math.isinf(decision_budget_s)
+                                          else decision_budget_s)
     seq = training.seq_len or model.seq_len
     settings = SimSettings(iterations=iterations or scenario.iterations,
                            tokens_per_iteration=training.global_batch * seq,

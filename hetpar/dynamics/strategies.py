@@ -47,6 +47,7 @@ __all__ = [
     "Planners",
     "PolicyUnavailable",
     "REPLAN_BEAM",
+    "REPLAN_BUDGET_S",
     "REPLAN_REFINE_STEPS",
     "Strategy",
     "bounded_exact",
@@ -61,6 +62,9 @@ STRATEGIES = ("static", "robust", "policy", "exact", "exact-rt")
 # wider beams plan up to 3% better on congested clouds and host loss, in 60-100 ms).
 REPLAN_BEAM = 1
 REPLAN_REFINE_STEPS = 150
+# Wall-clock budget of one policy decision: the refinement (anytime) stops when it is
+# spent, so a slow machine or a long pipeline costs plan polish, not a late decision.
+REPLAN_BUDGET_S = 0.045
 
 
 class PolicyUnavailable(Exception):
@@ -131,6 +135,7 @@ class Planners:
     beam: int | None = None  # of the policy's planning (None: REPLAN_BEAM)
     refine_steps: int | None = None  # of each refinement (None: REPLAN_REFINE_STEPS)
     refine_candidates: int | None = None  # structures refined besides the greedy one
+    decision_budget_s: float | None = REPLAN_BUDGET_S  # of a policy decision (None: none)
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
     _cms: dict[str, CostModel] = field(default_factory=dict)
@@ -240,7 +245,8 @@ class Planners:
                                       refine_candidates=REFINE_CANDIDATES
                                       if self.refine_candidates is None
                                       else self.refine_candidates,
-                                      cache=self._plan_cache, incumbent=incumbent)
+                                      cache=self._plan_cache, incumbent=incumbent,
+                                      budget_s=self.decision_budget_s)
                 plan, value = pp.plan, pp.value
             except HetparError:
                 plan, value = None, math.inf  # e.g. more hosts than the policy handles

@@ -14,7 +14,7 @@ from sb3_contrib import MaskablePPO  # noqa: E402
 
 from hetpar.agents.inference import NumpyLogits  # noqa: E402
 from hetpar.agents.io import default_policy_path, load_policy  # noqa: E402
-from hetpar.agents.planner import forward_for, plan_with_policy  # noqa: E402
+from hetpar.agents.planner import BUDGET_MARGIN_S, forward_for, plan_with_policy  # noqa: E402
 from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
 from hetpar.costmodel.estimate import CostModel  # noqa: E402
 from hetpar.costmodel.objective import Objective  # noqa: E402
@@ -275,5 +275,9 @@ def test_a_spent_budget_stops_the_refinement_not_the_plan(shipped):
     spent = plan_with_policy(shipped, inst, samples=2, budget_s=0.0)
     assert spent.value == spent.raw_value and not spent.refine_complete
     validate_plan(spent.plan, inst.cluster, inst.model, inst.training)
+    # The refinement leaves the margin unused: a budget within it is spent before it starts.
+    margin = plan_with_policy(shipped, inst, samples=2, budget_s=BUDGET_MARGIN_S)
+    assert margin.plan == spent.plan and margin.value == margin.raw_value
+    assert not margin.refine_complete
     ample = plan_with_policy(shipped, inst, samples=2, budget_s=3600.0)
     assert ample.plan == plan_with_policy(shipped, inst, samples=2).plan

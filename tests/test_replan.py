@@ -13,6 +13,7 @@ from hetpar.dynamics.experiment import robust_states, run_scenario
 from hetpar.dynamics.scenario import build_timeline, parse_scenario
 from hetpar.dynamics.simulator import SimSettings, simulate
 from hetpar.dynamics.strategies import Planners, make_strategy
+from hetpar.errors import HetparError
 from hetpar.workload.model import load_model
 from hetpar.workload.training import load_training
 from tests.test_dynamics import CLUSTER, scenario_doc
@@ -237,3 +238,36 @@ def test_replan_decision_budget_reaches_the_policy_planner(monkeypatch):
     seen.clear()
     _run(scenario_doc(iterations=30000), ("policy",), beam=1, decision_budget_s=math.inf)
     assert seen and set(seen) == {None}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_policy_decision_runs_without_the_cyclic_collector(monkeypatch, enabled):
+    """The collector is off during a decision (so that it never walks the run's heap
+    inside one) and back as it was afterwards, also when the planner fails."""
+    import gc
+
+    import hetpar.agents.planner as planner
+
+    during = []
+    real = planner.plan_with_policy
+
+    def spy(*args, **kwargs):
+        during.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan_with_policy", spy)
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        _run(scenario_doc(iterations=30000), ("policy",), beam=1)
+        assert during and not any(during)
+        assert gc.isenabled() is enabled
+
+        def broken(*args, **kwargs):
+            raise HetparError("no plan")
+
+        monkeypatch.setattr(planner, "plan_with_policy", broken)
+        _run(scenario_doc(iterations=30000), ("policy",), beam=1)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()

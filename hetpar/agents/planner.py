@@ -48,13 +48,18 @@ DEFAULT_SAMPLES = 16  # bandwidth states when the policy's metadata does not say
 # Search steps of the refinement (a node budget, not a clock, so that a plan is the same on
 # every machine); structures of 1-4 stages take 1-130 steps at about 0.5 ms each.
 DEFAULT_REFINE_STEPS = 500
-_MAX_STEPS = 100_000
+_MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environment pair
 # With a beam: besides the greedy rollout's structure, how many of the best distinct
 # structures are refined.
 REFINE_CANDIDATES = 2
-# Beam width of `hetpar plan`, `hetpar evaluate` and the re-planning strategy (1: the single
-# most likely rollout, fastest).
-DEFAULT_BEAM = 4  # a rollout longer than this is a broken policy/environment pair
+# Beam width of `hetpar plan` and `hetpar evaluate` (1: the single most likely rollout,
+# fastest; re-planning uses its own, REPLAN_BEAM).
+DEFAULT_BEAM = 4
+# Of a call's wall-clock budget, the part the refinement leaves unused: one search step
+# (a root bound, a block of enumerated splits) overruns the clock by up to ~4 ms on a busy
+# core, and the final evaluation takes ~1 ms, so the refinement stops this much early for
+# the call to end within its budget.
+BUDGET_MARGIN_S = 0.005
 
 
 class PolicyLike(Protocol):
@@ -208,9 +213,9 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     caller already holds (a re-planner's current plan in the new state): refinement then
     only seeks plans better than it, which prunes more, and the policy's own best plan
     is returned when none is found. ``budget_s`` bounds the wall time of the whole call
-    for a caller with a deadline: the refinement, which is anytime, stops when the budget
-    is spent and keeps the best plan found so far (the rollout is not cut; the plan then
-    depends on the machine's speed). Raises ConfigError
+    for a caller with a deadline: the refinement, which is anytime, stops
+    ``BUDGET_MARGIN_S`` before the budget is spent and keeps the best plan found so far
+    (the rollout is not cut; the plan then depends on the machine's speed). Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -254,7 +259,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        policy.set_training_mode(False)
+        if policy.training:  # the call walks every submodule: ~1 ms a decision otherwise
+            policy.set_training_mode(False)
         with torch.inference_mode():
             # torch initialises its kernels on the first forward pass of a process: a
             # one-time cost like Python's start-up, counted in setup_s, not inference_s.
@@ -306,7 +312,9 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
         for n in sorted(picks, key=lambda n: (values[n], n)):
             limit = refine_time
             if budget_s is not None:
-                left = max(budget_s - (time.perf_counter() - called), 0.0)
+                left = budget_s - BUDGET_MARGIN_S - (time.perf_counter() - called)
+                if left <= 0.0:
+                    break  # spent (the rollout alone may take it all): keep what is held
                 limit = left if limit is None else min(limit, left)
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
                               time_limit=limit, beat=min(best, incumbent))

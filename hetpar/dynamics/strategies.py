@@ -23,6 +23,7 @@ plan is no longer valid.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -236,6 +237,12 @@ class Planners:
             bundle = self.bundle()
             if self._plan_cache is None:
                 self._plan_cache = PlanCache()
+            # A decision is a latency-critical section: the cyclic collector, triggered by
+            # its allocations, would otherwise walk the whole run's heap (exact searches'
+            # caches: ~300k objects) inside it now and then. Re-enabled right after; the
+            # decision's own garbage is collected then.
+            collecting = gc.isenabled()
+            gc.disable()
             start = time.perf_counter()
             try:
                 pp = plan_with_policy(bundle, cluster_at(state.cluster, state.bandwidth),
@@ -250,7 +257,10 @@ class Planners:
                 plan, value = pp.plan, pp.value
             except HetparError:
                 plan, value = None, math.inf  # e.g. more hosts than the policy handles
-            wall = time.perf_counter() - start
+            finally:
+                wall = time.perf_counter() - start
+                if collecting:
+                    gc.enable()
             hit = PlanResult(plan, value, wall, False, "policy")
             if record:
                 self._plans[key] = hit

@@ -86,6 +86,27 @@ def test_numpy_logits_equal_the_shipped_network(shipped):
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
+def test_memoised_layer_terms_equal_fresh_ones(shipped, monkeypatch):
+    """The layer-count projection is memoised per (model layers, layers left, capacity):
+    a network that recalls it gives the logits of one that computes it afresh, also once
+    the memo has been emptied for being full."""
+    import hetpar.agents.inference as inference
+
+    env = shipped.make_env(load_suite("test-larger").instances(2), samples=2)
+    observations = _observations(env, 2, seed=7)
+    fresh = NumpyLogits(shipped.model.policy.features_extractor)
+    fresh._layer_projection = lambda g: inference._dense(fresh._layer_features(g),
+                                                         fresh.layer_k)
+    memo = NumpyLogits(shipped.model.policy.features_extractor)
+    monkeypatch.setattr(inference, "_LAYER_MEMO", 3)
+    batches = [[o] for o in observations] + [observations[:4]]
+    for _ in range(2):  # the second pass reads the memo
+        for batch in batches:
+            stacked = {k: np.stack([o[k] for o in batch]) for k in batch[0]}
+            assert np.array_equal(memo(stacked), fresh(stacked))
+    assert 0 < len(memo._layer_terms) <= 3
+
+
 def test_logits_asked_with_masks_are_those_of_the_allowed_actions(shipped):
     """With the masks, the heads of forbidden decision kinds are skipped; every allowed
     action keeps its full logit, alone or in a batch of mixed phases."""

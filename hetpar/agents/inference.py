@@ -19,6 +19,7 @@ import numpy as np
 __all__ = ["NumpyLogits"]
 
 _LAYER_FEATURES = 6
+_LAYER_MEMO = 512  # memoised layer-count projections kept (16 KB each at 128 layers)
 
 
 def _mlp(seq: Any) -> list[tuple[np.ndarray, np.ndarray] | None]:
@@ -99,6 +100,12 @@ class NumpyLogits:
         # (edge embeddings, per-block score biases and messages) are kept for the last one.
         self._edge_key: bytes | None = None
         self._edge_terms: list[tuple[np.ndarray, np.ndarray]] = []
+        # The layer-count features are a function of three globals (model layers, layers
+        # left, the open stage's capacity) that recur step after step and episode after
+        # episode: their projection is memoised per batch of those values.
+        g = self._g
+        self._layer_cols = [g["model_layers"], g["layers_left"], g["open_capacity"]]
+        self._layer_terms: dict[bytes, np.ndarray] = {}
 
     def _edges(self, pairs: np.ndarray) -> tuple[list[tuple[np.ndarray, np.ndarray]], bool]:
         """Per block (score bias (B|1, heads, n, n), message terms (B|1, n, n, d)), and
@@ -115,6 +122,18 @@ class NumpyLogits:
         if shared:
             self._edge_key, self._edge_terms = key, terms
         return terms, shared
+    def _layer_projection(self, g: np.ndarray) -> np.ndarray:
+        """``layer_k`` of the layer-count features of ``g`` (B, max_layers, d)."""
+        key = g[:, self._layer_cols].tobytes()
+        hit = self._layer_terms.get(key)
+        if hit is None:
+            if len(self._layer_terms) >= _LAYER_MEMO:
+                self._layer_terms.clear()
+            hit = _dense(self._layer_features(g), self.layer_k)
+            hit.flags.writeable = False
+            self._layer_terms[key] = hit
+        return hit
+
     def _layer_features(self, g: np.ndarray) -> np.ndarray:
         G, max_layers = self._g, float(self.max_layers)
         total = np.maximum(g[:, G["model_layers"]] * max_layers, 1.0)[:, None]
@@ -165,7 +184,7 @@ class NumpyLogits:
                                 axis=-1)
             out[:, host_at:host_at + n] = _run(self.host_head, hz)[..., 0] * real_n
         if need is None or need[layer_at:].any():
-            kf = _dense(self._layer_features(g), self.layer_k)
+            kf = self._layer_projection(g)
             out[:, layer_at:] = _run(self.layer_out,
                                      kf + _dense(z, self.layer_z)[:, None, :])[..., 0]
         return out

@@ -179,7 +179,8 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
     inst_file = save_instances(tmp_path / "tiny2.yaml", tiny_instances, suite="tiny",
                                max_hosts=4)
     out_dir = tmp_path / "ev"
-    methods = ("policy", "policy-greedy", "policy-raw", "exact", "metis", "megatron", "random")
+    methods = ("policy", "policy-search", "policy-greedy", "policy-raw", "exact", "metis",
+               "megatron", "random")
     code, out, err = run(capsys, "evaluate", "--policy", policy8, "--suite", inst_file,
                          "--n", "2", "--time-limit", "30", "--out", out_dir,
                          "--methods", ",".join(methods), "--beam", "3")
@@ -211,6 +212,7 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
         # Refinement never makes the rollout's plan worse, nor the beam the greedy rollout.
         assert float(mine["policy-greedy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])
         assert float(mine["policy"]["value_s"]) <= float(mine["policy-greedy"]["value_s"])
+        assert float(mine["policy-search"]["value_s"]) <= float(mine["policy"]["value_s"])
 
     summary = (out_dir / "summary.md").read_text()
     for text in ("| method |", "median gap", "p90 gap", "worst gap", "wins vs metis",

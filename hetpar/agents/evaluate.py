@@ -28,6 +28,7 @@ import numpy as np
 
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError
+from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
 
 __all__ = [
     "CSV_COLUMNS",
@@ -39,11 +40,14 @@ __all__ = [
     "write_outputs",
 ]
 
-METHODS = ("policy", "policy-greedy", "policy-raw", "exact", "metis", "megatron", "random")
+METHODS = ("policy", "policy-search", "policy-greedy", "policy-raw", "exact", "metis",
+           "megatron", "random")
 # policy: beam search over the policy's decisions + refinement of the best structures' inner
-# choices (the planner's default); policy-greedy: the single most likely rollout, refined;
-# policy-raw: that rollout's plan alone, to show what the network itself decides.
-POLICY_METHODS = ("policy", "policy-greedy", "policy-raw")
+# choices (the planner's default); policy-search: that plan, then a local search over
+# structures (``hetpar plan --improve``, default budget); policy-greedy: the single most
+# likely rollout, refined; policy-raw: that rollout's plan alone, to show what the network
+# itself decides.
+POLICY_METHODS = ("policy", "policy-search", "policy-greedy", "policy-raw")
 CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
                "value_s", "wall_s", "inference_s", "optimal", "gap", "reference", "error")
 _TIE = 1e-9  # relative difference below which two values are a tie
@@ -269,7 +273,10 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                     from hetpar.agents.planner import plan_with_policy
                     pp = plan_with_policy(bundle, inst, objective=obj, seed=seed, samples=k,
                                           refine=m != "policy-raw",
-                                          beam=width if m == "policy" else 1)
+                                          beam=width if m in ("policy", "policy-search")
+                                          else 1,
+                                          improve_evaluations=DEFAULT_EVALUATIONS
+                                          if m == "policy-search" else 0)
                     # The latency a user waits once the environment exists.
                     row.value_s, row.inference_s = pp.value, pp.latency_s
                 elif m == "exact" and isolate:
@@ -435,7 +442,7 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    markers = {"policy": "o", "policy-greedy": "P", "policy-raw": "D", "exact": "s",
+    markers = {"policy": "o", "policy-search": "*", "policy-greedy": "P", "policy-raw": "D", "exact": "s",
                "metis": "^", "megatron": "v", "random": "x"}
     worst = 0.0
     for j, m in enumerate(result.methods):

@@ -99,15 +99,19 @@ class PolicyPlan:
     beam: int = 1  # beam width of the search (1: the single most likely rollout)
     candidates: int = 1  # finished plans the search compared
     details: dict[str, Any] = field(default_factory=dict)
+    improve_s: float = 0.0  # the structure local search (0 when off)
+    improve_moves: int = 0  # structure edits it accepted
+    improved_from: float = math.nan  # the refined plan's value before the local search
 
     @property
     def wall_s(self) -> float:
-        return self.setup_s + self.inference_s + self.refine_s
+        return self.setup_s + self.inference_s + self.refine_s + self.improve_s
 
     @property
     def latency_s(self) -> float:
-        """Time to the plan once the environment exists: rollout plus refinement."""
-        return self.inference_s + self.refine_s
+        """Time to the plan once the environment exists: rollout, refinement and the
+        local search when on."""
+        return self.inference_s + self.refine_s + self.improve_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "policy", "policy": self.policy, "objective": self.objective,
@@ -117,6 +121,7 @@ class PolicyPlan:
                 "forward_s": self.forward_s, "refine_s": self.refine_s,
                 "raw_value_s": self.raw_value, "refine_complete": self.refine_complete,
                 "beam": self.beam, "candidates": self.candidates,
+                "improve_s": self.improve_s, "improve_moves": self.improve_moves,
                 "wall_s": self.wall_s,
                 "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
 
@@ -194,7 +199,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                      refine_candidates: int = REFINE_CANDIDATES,
                      cache: PlanCache | None = None,
                      incumbent: float = math.inf,
-                     budget_s: float | None = None) -> PolicyPlan:
+                     budget_s: float | None = None,
+                     improve_evaluations: int = 0) -> PolicyPlan:
     """One deterministic masked rollout of ``bundle``'s policy on one instance.
 
     ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
@@ -233,6 +239,9 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     k = int(samples if samples is not None else kwargs.get("samples") or DEFAULT_SAMPLES)
     if k < 1:
         raise ConfigError("", "samples", f"must be at least 1, got {k}")
+    if improve_evaluations < 0:
+        raise ConfigError("", "improve_evaluations",
+                          f"must be at least 0, got {improve_evaluations}")
     if beam < 1:
         raise ConfigError("", "beam", f"must be at least 1, got {beam}")
     kwargs.pop("bandwidth", None)
@@ -321,6 +330,19 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
         refine_s = time.perf_counter() - t0
+    improve_s, moves, improved_from = 0.0, 0, math.nan
+    if improve_evaluations > 0:
+        from hetpar.solvers.local_search import improve_structure
+        from hetpar.solvers.space import PlanSpace
+
+        t0 = time.perf_counter()
+        imp = improve_structure(cm, PlanSpace(inst.cluster, cm.model, inst.training), obj,
+                                plan, max_evaluations=improve_evaluations,
+                                beat=min(value, incumbent))
+        improved_from = value
+        if imp.value < value:
+            plan, value, complete, moves = imp.plan, imp.value, False, imp.moves
+        improve_s = time.perf_counter() - t0
     est = cm.evaluate(plan)
     return PolicyPlan(plan=plan, estimate=est, value=value, objective=obj.name, samples=k,
                       seed=seed, steps=steps, forced=forced, setup_s=setup_s,
@@ -328,7 +350,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                       forward_s=forward_s, policy=_policy_name(bundle),
                       env_value=float(info.get("objective_s", math.nan)),
                       raw_value=raw_value, refine_s=refine_s, refine_complete=complete,
-                      beam=beam, candidates=len(candidates))
+                      beam=beam, candidates=len(candidates), improve_s=improve_s,
+                      improve_moves=moves, improved_from=improved_from)
 
 
 class Forward(Protocol):

@@ -458,6 +458,11 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--refine-steps", type=int, default=500, metavar="N",
                     help="search steps of the refinement at most (default 500, about 0.5 ms "
                          "each; a step budget gives the same plan on every machine)")
+    pl.add_argument("--improve", type=int, nargs="?", const=-1, default=0, metavar="N",
+                    help="then search the structures one edit away (drop, merge, split, "
+                         "grow or shrink a stage, change its TP degree, swap two stages), "
+                         "each completed exactly, within N scored completions (without N: "
+                         "200000, about a second on one core; deterministic)")
     pl.set_defaults(func=_cmd_plan)
 
     ev = sub.add_parser(
@@ -474,8 +479,9 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
     ev.add_argument("--methods", default="policy,exact,metis,megatron,random",
                     help="comma-separated methods (default policy,exact,metis,megatron,random; "
-                         "also policy-greedy: one rollout (beam 1) with refinement, and "
-                         "policy-raw: that rollout without refinement)")
+                         "also policy-search: policy, then the structure local search of "
+                         "'hetpar plan --improve', policy-greedy: one rollout (beam 1) with "
+                         "refinement, and policy-raw: that rollout without refinement)")
     ev.add_argument("--beam", type=int, default=None, metavar="W",
                     help="beam width of the 'policy' method (default 4)")
     ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
@@ -503,6 +509,11 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.refine_steps < 1:
         raise ConfigError("--refine-steps", "", f"must be at least 1, got {args.refine_steps}")
     beam = _beam_arg(args.beam)
+    if args.improve == -1:
+        from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
+        args.improve = DEFAULT_EVALUATIONS
+    elif args.improve < 1 and args.improve != 0:
+        raise ConfigError("--improve", "", f"must be at least 1, got {args.improve}")
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
@@ -515,7 +526,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     result = plan_with_policy(bundle, cluster, model, training, objective=args.objective,
                               seed=args.seed, samples=args.samples, constants=constants,
                               source=args.cluster, refine=not args.no_refine,
-                              refine_steps=args.refine_steps, beam=beam)
+                              refine_steps=args.refine_steps, beam=beam,
+                              improve_evaluations=args.improve)
     other = None
     if args.compare:
         from hetpar.solvers.api import solve
@@ -554,14 +566,22 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                   f"({result.forward_s * 1e3:.1f} ms forward passes), "
                   f"{result.setup_s * 1e3:.1f} ms setup; {result.policy}", highlight=False)
     if not args.no_refine:
-        change = (f"{result.raw_value:.4f} s -> {result.value:.4f} s "
-                  f"({result.value / result.raw_value - 1:+.1%})"
-                  if result.value < result.raw_value else "no better split found")
+        refined = result.improved_from if args.improve else result.value
+        change = (f"{result.raw_value:.4f} s -> {refined:.4f} s "
+                  f"({refined / result.raw_value - 1:+.1%})"
+                  if refined < result.raw_value else "no better split found")
         of = "the best structures'" if result.beam > 1 else "the rollout's"
         console.print(f"[bold]refinement[/] (micro-batches, recompute, layer split of {of} "
                       f"stages): {change} in {result.refine_s * 1e3:.1f} ms"
                       f"{'' if result.refine_complete else ' (step budget reached)'}",
                       highlight=False)
+    if args.improve:
+        change = (f"{result.improved_from:.4f} s -> {result.value:.4f} s "
+                  f"({result.value / result.improved_from - 1:+.1%}, "
+                  f"{result.improve_moves} edits)" if result.improve_moves
+                  else "no better structure found")
+        console.print(f"[bold]structure search[/] ({args.improve} completions at most): "
+                      f"{change} in {result.improve_s * 1e3:.1f} ms", highlight=False)
     if other is not None:
         if not other.found:
             console.print(f"[bold]{other.method}[/]: no plan found in {other.wall_s:.2f} s")

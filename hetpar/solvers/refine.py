@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
+from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import LocalIncumbent, Problem, Searcher, _Stop
-from hetpar.solvers.space import PlanSpace
+from hetpar.solvers.space import PlanSpace, StageChoice
 
-__all__ = ["Refinement", "refine_plan"]
+__all__ = ["Completion", "Refinement", "complete_structure", "refine_plan"]
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,57 @@ class _BudgetSearcher(Searcher):
     a budget that, unlike a time limit, gives the same answer on every machine."""
 
     max_steps: int | None = None
+    max_evaluations: int | None = None  # completions scored (enumerated splits count each)
     steps: int = field(default=0)
 
     def _check_time(self) -> None:
         self.steps += 1
         if self.max_steps is not None and self.steps > self.max_steps:
             raise _Stop
+        if self.max_evaluations is not None and self.counters.leaves >= self.max_evaluations:
+            raise _Stop
         super()._check_time()
+
+
+@dataclass(frozen=True)
+class Completion:
+    plan: Plan | None  # the best completion better than ``beat`` (None: none found)
+    value: float  # its objective value (inf without a plan)
+    complete: bool  # every completion of the structure was bounded or evaluated
+    evaluations: int
+    steps: int
+
+
+def complete_structure(cm: CostModel, space: PlanSpace, objective: Objective,
+                       stages: tuple[StageChoice, ...], *, max_steps: int | None = None,
+                       time_limit: float | None = None, beat: float = math.inf,
+                       bounds: Bounds | None = None,
+                       max_evaluations: int | None = None) -> Completion:
+    """The best (micro-batches, recompute, layer split) of the structure ``stages``
+    whose value is below ``beat``, by the exact search's layer-split subroutine, within
+    ``max_steps`` search nodes and about ``max_evaluations`` scored completions (checked
+    at each node: one node may score a block of up to ``exact.ENUMERATE_SPLITS``).
+    ``bounds`` (``make_bounds`` of the same cost model, space and objective) carries
+    its stage profiles over from call to call: building them costs more than most
+    completions."""
+    deadline = time.time() + time_limit if time_limit is not None else math.inf
+    searcher = _BudgetSearcher(Problem(cm, space, objective, deadline, beat),
+                               LocalIncumbent(beat), bounds=bounds, max_steps=max_steps,
+                               max_evaluations=max_evaluations)
+    complete = True
+    try:
+        searcher.close(tuple(stages))
+    except _Stop:
+        complete = False
+    found = searcher.best_plan is not None and searcher.best_value < beat
+    return Completion(searcher.best_plan if found else None,
+                      searcher.best_value if found else math.inf, complete,
+                      searcher.counters.leaves, searcher.steps)
 
 
 def refine_plan(cm: CostModel, space: PlanSpace, objective: Objective, plan: Plan, *,
                 max_steps: int | None = None, time_limit: float | None = None,
-                beat: float = math.inf) -> Refinement:
+                beat: float = math.inf, bounds: Bounds | None = None) -> Refinement:
     """The best (micro-batches, recompute, layer split) for ``plan``'s stages and hosts.
 
     ``plan`` must lie in ``space`` (``PlanSpace.decompose`` raises PlanError otherwise).
@@ -74,17 +114,10 @@ def refine_plan(cm: CostModel, space: PlanSpace, objective: Objective, plan: Pla
     stages, _ = space.decompose(plan)
     core = cm.core(plan)
     before = objective(core.total) if core.feasible else math.inf
-    deadline = time.time() + time_limit if time_limit is not None else math.inf
-    incumbent = min(before, beat)
-    searcher = _BudgetSearcher(Problem(cm, space, objective, deadline, incumbent),
-                               LocalIncumbent(incumbent), max_steps=max_steps)
-    complete = True
-    try:
-        searcher.close(stages)
-    except _Stop:
-        complete = False
+    done = complete_structure(cm, space, objective, stages, max_steps=max_steps,
+                              time_limit=time_limit, beat=min(before, beat), bounds=bounds)
     best, value = plan, before
-    if searcher.best_plan is not None and searcher.best_value < before:
-        best, value = searcher.best_plan, searcher.best_value
-    return Refinement(best, value, before, complete, time.perf_counter() - start,
-                      searcher.counters.leaves, searcher.steps)
+    if done.plan is not None and done.value < before:
+        best, value = done.plan, done.value
+    return Refinement(best, value, before, done.complete, time.perf_counter() - start,
+                      done.evaluations, done.steps)

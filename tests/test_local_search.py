@@ -1,0 +1,123 @@
+"""The structure local search: its moves stay in the plan space, it never loses, it stops
+at a local optimum of its neighbourhood, and the exact search is never beaten by it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hetpar.cli.main import main
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.plan import validate_plan
+from hetpar.solvers import PlanSpace, solve
+from hetpar.solvers.brute import skeletons
+from hetpar.solvers.local_search import improve_structure, structure_neighbours
+from hetpar.solvers.refine import complete_structure
+from tests.test_solvers import tiny_instance
+
+
+def _setup(seed: int):
+    cluster, model, training, objective = tiny_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    return cluster, model, training, Objective.parse(objective), cm, PlanSpace(
+        cluster, model, training)
+
+
+def _worst_plan(cm, space, obj, rng):
+    """A feasible plan of a random structure (its best completion), or None."""
+    structures = list(skeletons(space, cm.model.layers))
+    for i in rng.permutation(len(structures))[:40]:
+        done = complete_structure(cm, space, obj, structures[i])
+        if done.plan is not None:
+            return done.plan
+    return None
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 4))
+def test_every_neighbour_is_a_structure_of_the_space(seed):
+    cluster, model, training, obj, cm, space = _setup(seed)
+    every = set(skeletons(space, model.layers))
+    for stages in list(every)[:60]:
+        out = list(structure_neighbours(space, stages))
+        assert len(out) == len(set(out)) and stages not in out
+        assert set(out) <= every
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 8))
+def test_the_climb_never_loses_and_ends_at_a_local_optimum(seed):
+    cluster, model, training, obj, cm, space = _setup(seed)
+    plan = _worst_plan(cm, space, obj, np.random.default_rng(seed))
+    if plan is None:
+        pytest.skip("no feasible structure")
+    start = obj(cm.core(plan).total)
+    imp = improve_structure(cm, space, obj, plan, max_evaluations=None,
+                            neighbour_steps=10**9)
+    assert imp.value <= start and imp.before == pytest.approx(start, rel=1e-12)
+    validate_plan(imp.plan, cluster, model, training)
+    assert obj(cm.core(imp.plan).total) == pytest.approx(imp.value, rel=1e-12)
+    # Nothing one edit away is better (every neighbour completed without a budget).
+    final, _ = space.decompose(imp.plan)
+    for cand in structure_neighbours(space, final):
+        assert complete_structure(cm, space, obj, cand).value >= imp.value * (1 - 1e-12)
+    # The exact optimum over the space is never beaten by it.
+    exact = solve(cluster, model, training, method="exact", objective=obj, samples=4,
+                  seed=seed)
+    assert exact.value <= imp.value * (1 + 1e-12)
+    # Deterministic: the same climb twice.
+    again = improve_structure(cm, space, obj, plan, max_evaluations=None,
+                              neighbour_steps=10**9)
+    assert again.plan == imp.plan and again.moves == imp.moves
+
+
+def test_the_evaluation_budget_bounds_the_climb():
+    cluster, model, training, obj, cm, space = _setup(12)
+    plan = _worst_plan(cm, space, obj, np.random.default_rng(0))
+    assert plan is not None
+    full = improve_structure(cm, space, obj, plan, max_evaluations=None)
+    for budget in (1, 10, 100):
+        part = improve_structure(cm, space, obj, plan, max_evaluations=budget)
+        # A node scores at most one block of splits past the budget's last check.
+        assert part.evaluations <= max(budget, 1) + 6000
+        assert full.value <= part.value <= obj(cm.core(plan).total)
+    # A value nothing beats: the refined plan comes back, no move made.
+    tight = improve_structure(cm, space, obj, plan, beat=full.value * 0.5)
+    assert tight.moves == 0 and tight.value >= full.value
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from hetpar.agents.io import default_policy_path, load_policy
+
+    if not default_policy_path().is_file():
+        pytest.skip("no shipped policy in this checkout")
+    return load_policy(None)
+
+
+def test_plan_with_local_search_is_never_worse(shipped):
+    from hetpar.agents.planner import plan_with_policy
+    from hetpar.envs.generator import load_suite
+
+    inst = load_suite("test-iid").instance(5)
+    base = plan_with_policy(shipped, inst, samples=2, beam=1)
+    better = plan_with_policy(shipped, inst, samples=2, beam=1, improve_evaluations=20000)
+    assert better.value <= base.value and better.improved_from == base.value
+    assert better.improve_s > 0 and (better.improve_moves > 0) == (better.value < base.value)
+    validate_plan(better.plan, inst.cluster, inst.model, inst.training)
+    assert math.isnan(base.improved_from) and base.improve_s == 0.0
+
+
+def test_cli_plan_improve(capsys):
+    rc = main(["plan", "--cluster", "configs/clusters/amp-het-16.yaml", "--model",
+               "gpt2-medium", "--beam", "1", "--improve", "5000"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "structure search (5000 completions at most)" in out
+
+
+def test_cli_plan_improve_below_one_exit_2(capsys):
+    rc = main(["plan", "--cluster", "configs/clusters/amp-het-16.yaml", "--model",
+               "gpt2-medium", "--improve", "-3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--improve" in err and len(err.strip().splitlines()) == 1

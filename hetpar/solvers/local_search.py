@@ -7,7 +7,10 @@ a much better one: a stage of slow GPUs that the pipeline would be faster withou
 degree one step off, two stages that should be one. ``improve_structure`` climbs from a
 plan's structure through such edits (``structure_neighbours``), completing each
 neighbour with the refinement's exact search, which only looks for completions better
-than the best plan so far (so most neighbours are bounded away in a few steps).
+than the best plan so far (so most neighbours are bounded away in a few steps). At a
+local optimum of single edits it looks two edits away before it stops: dropping a stage
+of slow GPUs often pays only once another stage's TP degree changes to hold its layers.
+No structure is completed twice (targets only fall, so one that failed stays beaten).
 
 The budget is a count of scored completions (deterministic: the same plan on every
 machine; an enumerated block of layer splits counts each split) and optionally seconds. The result is never worse than the plan given.
@@ -141,10 +144,11 @@ def structure_neighbours(space: PlanSpace, stages: Structure) -> Iterator[Struct
 def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, plan: Plan, *,
                       max_evaluations: int | None = DEFAULT_EVALUATIONS,
                       neighbour_steps: int = 150, time_limit: float | None = None,
-                      beat: float = math.inf) -> Improvement:
+                      beat: float = math.inf, depth: int = 2) -> Improvement:
     """Hill-climb from ``plan``'s structure: complete every neighbour exactly (within
     ``neighbour_steps`` search steps each) and move to the best one that improves, until
-    none does or ``max_evaluations`` scored completions (over the whole climb; the
+    none does (with ``depth`` 2, also none two edits away) or ``max_evaluations`` scored
+    completions (over the whole climb; the
     budget that sets its cost) or ``time_limit`` seconds are spent. ``plan`` itself is
     refined first. ``beat``: a value the caller already holds (only better completions
     are sought; the refined ``plan`` comes back when none is found)."""
@@ -161,11 +165,20 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     def spent() -> bool:
         return used >= budget or time.perf_counter() >= deadline
 
-    while not spent():
+    # Every structure completed so far: one that did not beat the target then cannot
+    # beat it now (targets only fall), so none is completed twice.
+    tried: set[Structure] = {current}
+
+    def scan(around: Structure) -> tuple[Plan, float, Structure] | None:
+        """The best neighbour of ``around`` better than the best so far, if any."""
+        nonlocal steps, used, neighbours
         found: tuple[Plan, float, Structure] | None = None
-        for cand in structure_neighbours(space, current):
+        for cand in structure_neighbours(space, around):
             if spent():
                 break
+            if cand in tried:
+                continue
+            tried.add(cand)
             left = None if time_limit is None else max(deadline - time.perf_counter(), 0.0)
             target = min(best if found is None else found[1], beat)
             done = complete_structure(
@@ -177,6 +190,19 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
             neighbours += 1
             if done.plan is not None and done.value < target:
                 found = (done.plan, done.value, cand)
+        return found
+
+    while not spent():
+        found = scan(current)
+        if found is None and depth > 1:
+            # A local optimum of single edits: look two edits away (a stage of slow GPUs
+            # may only be worth dropping once another stage changes its TP degree).
+            for mid in list(structure_neighbours(space, current)):
+                if spent():
+                    break
+                found = scan(mid)
+                if found is not None:
+                    break
         if found is None:
             break
         best_plan, best, current = found

@@ -38,7 +38,7 @@ def _worst_plan(cm, space, obj, rng):
 
 @pytest.mark.parametrize("seed", range(0, 200, 4))
 def test_every_neighbour_is_a_structure_of_the_space(seed):
-    cluster, model, training, obj, cm, space = _setup(seed)
+    _, model, _, _, _, space = _setup(seed)
     every = set(skeletons(space, model.layers))
     for stages in list(every)[:60]:
         out = list(structure_neighbours(space, stages))
@@ -80,7 +80,7 @@ def test_the_climb_never_loses_and_ends_at_a_local_optimum(seed):
 
 
 def test_the_evaluation_budget_bounds_the_climb():
-    cluster, model, training, obj, cm, space = _setup(12)
+    _, _, _, obj, cm, space = _setup(12)
     plan = _worst_plan(cm, space, obj, np.random.default_rng(0))
     assert plan is not None
     full = improve_structure(cm, space, obj, plan, max_evaluations=None)

@@ -442,8 +442,8 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    markers = {"policy": "o", "policy-search": "*", "policy-greedy": "P", "policy-raw": "D", "exact": "s",
-               "metis": "^", "megatron": "v", "random": "x"}
+    markers = {"policy": "o", "policy-search": "*", "policy-greedy": "P", "policy-raw": "D",
+               "exact": "s", "metis": "^", "megatron": "v", "random": "x"}
     worst = 0.0
     for j, m in enumerate(result.methods):
         pts = [(r.gpus, r.gap * 100) for r in result.of(m) if math.isfinite(r.gap)]

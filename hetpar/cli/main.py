@@ -459,7 +459,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="search steps of the refinement at most (default 500, about 0.5 ms "
                          "each; a step budget gives the same plan on every machine)")
     pl.add_argument("--improve", type=int, nargs="?", const=-1, default=0, metavar="N",
-                    help="then search the structures one and two edits away (drop, merge, split, "
+                    help="then search the structures one and two edits away (drop, merge, "
+                         "split, "
                          "grow or shrink a stage, change its TP degree, swap two stages), "
                          "each completed exactly, within N scored completions (without N: "
                          "200000, about a second on one core; deterministic)")

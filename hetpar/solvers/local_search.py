@@ -13,7 +13,8 @@ of slow GPUs often pays only once another stage's TP degree changes to hold its 
 No structure is completed twice (targets only fall, so one that failed stays beaten).
 
 The budget is a count of scored completions (deterministic: the same plan on every
-machine; an enumerated block of layer splits counts each split) and optionally seconds. The result is never worse than the plan given.
+machine; an enumerated block of layer splits counts each split) and optionally seconds.
+The result is never worse than the plan given.
 """
 
 from __future__ import annotations

@@ -123,8 +123,9 @@ def test_cli_plan_improve(capsys):
     assert rc == 0 and "structure search (5000 completions at most)" in out
 
 
-def test_cli_plan_improve_below_one_exit_2(capsys):
+@pytest.mark.parametrize("value", ["-3", "-1"])
+def test_cli_plan_negative_improve_exit_2(capsys, value):
     rc = main(["plan", "--cluster", "configs/clusters/amp-het-16.yaml", "--model",
-               "gpt2-medium", "--improve", "-3"])
+               "gpt2-medium", "--improve", value])
     err = capsys.readouterr().err
     assert rc == 2 and "--improve" in err and len(err.strip().splitlines()) == 1

@@ -122,6 +122,7 @@ class NumpyLogits:
         if shared:
             self._edge_key, self._edge_terms = key, terms
         return terms, shared
+
     def _layer_projection(self, g: np.ndarray) -> np.ndarray:
         """``layer_k`` of the layer-count features of ``g`` (B, max_layers, d)."""
         key = g[:, self._layer_cols].tobytes()

@@ -298,10 +298,12 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     if not math.isfinite(value):  # pragma: no cover - the masks guarantee a fitting plan
         raise InfeasibleError(f"the policy's plan does not fit in memory: "
                               f"{'; '.join(cm.evaluate(plan).overflow)}")
+    from hetpar.solvers.space import PlanSpace
+
     refine_s, complete = 0.0, False
+    space: PlanSpace | None = None  # built once for the refinement and the local search
     if refine:
         from hetpar.solvers.refine import refine_plan
-        from hetpar.solvers.space import PlanSpace
 
         t0 = time.perf_counter()
         space = PlanSpace(inst.cluster, cm.model, inst.training)
@@ -333,11 +335,11 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     improve_s, moves, improved_from = 0.0, 0, math.nan
     if improve_evaluations > 0:
         from hetpar.solvers.local_search import improve_structure
-        from hetpar.solvers.space import PlanSpace
 
         t0 = time.perf_counter()
-        imp = improve_structure(cm, PlanSpace(inst.cluster, cm.model, inst.training), obj,
-                                plan, max_evaluations=improve_evaluations,
+        if space is None:
+            space = PlanSpace(inst.cluster, cm.model, inst.training)
+        imp = improve_structure(cm, space, obj, plan, max_evaluations=improve_evaluations,
                                 beat=min(value, incumbent))
         improved_from = value
         if imp.value < value:

@@ -458,12 +458,12 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--refine-steps", type=int, default=500, metavar="N",
                     help="search steps of the refinement at most (default 500, about 0.5 ms "
                          "each; a step budget gives the same plan on every machine)")
-    pl.add_argument("--improve", type=int, nargs="?", const=-1, default=0, metavar="N",
+    # "--improve" without N gives None (argparse converts a string const with type=int).
+    pl.add_argument("--improve", type=int, nargs="?", const=None, default=0, metavar="N",
                     help="then search the structures one and two edits away (drop, merge, "
-                         "split, "
-                         "grow or shrink a stage, change its TP degree, swap two stages), "
-                         "each completed exactly, within N scored completions (without N: "
-                         "200000, about a second on one core; deterministic)")
+                         "split, grow or shrink a stage, change its TP degree, swap two "
+                         "stages), each completed exactly, within N scored completions "
+                         "(without N: 200000, about a second on one core; deterministic)")
     pl.set_defaults(func=_cmd_plan)
 
     ev = sub.add_parser(
@@ -510,11 +510,11 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.refine_steps < 1:
         raise ConfigError("--refine-steps", "", f"must be at least 1, got {args.refine_steps}")
     beam = _beam_arg(args.beam)
-    if args.improve == -1:
+    if args.improve is None:
         from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
         args.improve = DEFAULT_EVALUATIONS
-    elif args.improve < 1 and args.improve != 0:
-        raise ConfigError("--improve", "", f"must be at least 1, got {args.improve}")
+    elif args.improve < 0:
+        raise ConfigError("--improve", "", f"must be 0 (off) or more, got {args.improve}")
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")

@@ -15,6 +15,7 @@ from sb3_contrib import MaskablePPO  # noqa: E402
 from hetpar.agents.inference import NumpyLogits  # noqa: E402
 from hetpar.agents.io import default_policy_path, load_policy  # noqa: E402
 from hetpar.agents.planner import BUDGET_MARGIN_S, forward_for, plan_with_policy  # noqa: E402
+from hetpar.agents.planner import instance_of as planner_instance  # noqa: E402
 from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
 from hetpar.costmodel.estimate import CostModel  # noqa: E402
 from hetpar.costmodel.objective import Objective  # noqa: E402
@@ -84,6 +85,28 @@ def test_numpy_logits_equal_the_shipped_network(shipped):
     want = _torch_logits(ex, observations)
     got = forward_for(shipped.model.policy)(observations)
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_numpy_logits_equal_torch_with_and_without_padded_hosts(shipped):
+    """One cluster's observations (every host real: the masking is skipped) and a batch
+    mixing cluster sizes (padded hosts masked) both give the torch network's logits."""
+    insts = load_suite("test-larger").instances(3)
+    sizes = [inst.num_hosts for inst in insts]
+    assert len(set(sizes)) > 1
+    ex = shipped.model.policy.features_extractor
+    fast = NumpyLogits(ex)
+    per_cluster = []
+    for inst in insts:
+        env = shipped.make_env([inst], samples=2)
+        per_cluster.append(_observations(env, 1, seed=3)[:6])
+    mixed = [o for obs in per_cluster for o in obs[:2]]
+    for batch in [*per_cluster, mixed]:
+        stacked = {k: np.stack([o[k] for o in batch]) for k in batch[0]}
+        want = _torch_logits(ex, batch)
+        assert np.allclose(fast(stacked), want, rtol=1e-4,
+                           atol=1e-4 * max(1.0, np.abs(want).max()))
+    stacked = np.stack([o["host_mask"] for o in mixed])
+    assert not stacked[:, :max(sizes)].all()  # the mixed batch has padded hosts
 
 
 def test_memoised_layer_terms_equal_fresh_ones(shipped, monkeypatch):
@@ -219,6 +242,117 @@ def test_beam_search_is_never_worse_than_the_greedy_rollout(shipped, suite, inde
         assert math.isfinite(res.value)
         validate_plan(res.plan, inst.cluster, inst.model, inst.training)
     assert plan_with_policy(shipped, inst, samples=4, beam=4).plan == res.plan  # deterministic
+
+
+def _same_plan_up_to_symmetry(inst, a, b, samples=4):
+    """Equal plans, or plans that differ only in which of some interchangeable hosts they
+    use (an equivariant policy's exact ties, which batched sums may break differently)."""
+    if a == b:
+        return True
+    cm = CostModel(inst.cluster, inst.model, inst.training, samples=samples, seed=0)
+    obj = Objective.parse("mean")
+    shape = [[(st.layers, st.tp, len(st.replicas)) for st in p.stages] for p in (a, b)]
+    return shape[0] == shape[1] and cm.evaluate(a).value(obj) == pytest.approx(
+        cm.evaluate(b).value(obj), rel=1e-12)
+
+
+@pytest.mark.parametrize("suite,index", [("test-iid", 0), ("test-iid", 3), ("test-larger", 0),
+                                         ("test-larger", 2), ("test-geo", 1)])
+def test_speculative_rollout_takes_the_one_pass_per_step_rollouts_actions(shipped, suite,
+                                                                          index):
+    inst = load_suite(suite).instance(index)
+    plain = plan_with_policy(shipped, inst, refine=False, samples=4, speculate=1)
+    fast = plan_with_policy(shipped, inst, refine=False, samples=4)
+    assert (fast.steps, fast.forced) == (plain.steps, plain.forced)
+    assert _same_plan_up_to_symmetry(inst, fast.plan, plain.plan)
+
+
+def _counting(forward):
+    calls = []
+
+    def counted(observations, masks=None):
+        calls.append(len(observations))
+        return forward(observations, masks)
+
+    return counted, calls
+
+
+def _rollout(shipped, inst, lookahead, forward=None):
+    from hetpar.agents.planner import _greedy
+
+    env = shipped.make_env([inst], samples=2)
+    obs, _ = env.reset(seed=0, options={"instance": 0})
+    forward = forward or forward_for(shipped.model.policy)
+    return _greedy(env, forward, obs, shipped, lookahead)
+
+
+def test_speculation_scores_a_deep_pipeline_in_few_batched_passes(shipped):
+    """dgx-a100-superpod-16: the shipped policy builds a 29-stage pipeline (89 decisions);
+    guessed states are scored in batches, so there are far fewer forward passes."""
+    import hetpar
+
+    inst = planner_instance(hetpar.load_cluster("dgx-a100-superpod-16"),
+                            hetpar.load_model("gpt3-6.7b"), hetpar.load_training(None))
+    plan1, _, (steps1, forced1, _) = _rollout(shipped, inst, 1)
+    counted, calls = _counting(forward_for(shipped.model.policy))
+    plan8, _, (steps8, forced8, _) = _rollout(shipped, inst, 8, counted)
+    assert (steps8, forced8) == (steps1, forced1)
+    assert len(plan8.stages) >= 16
+    assert _same_plan_up_to_symmetry(inst, plan8, plan1, samples=2)
+    assert len(calls) * 2 < steps1 - forced1  # observed: 25 passes for 88 decisions
+    assert max(calls) <= 8 and sum(calls) >= steps1 - forced1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_wrong_guesses_never_change_the_rollout(shipped, monkeypatch, seed):
+    """A guesser that proposes random allowed actions (most of them wrong) makes the
+    rollout go back often; it still takes exactly the policy's actions."""
+    from hetpar.agents import planner
+
+    inst = load_suite("test-larger").instance(seed)
+    want = _rollout(shipped, inst, 1)
+    rng = np.random.default_rng(seed)
+
+    def random_guess(self, masks):
+        allowed = np.flatnonzero(masks)
+        return None if rng.random() < 0.1 else int(rng.choice(allowed))
+
+    monkeypatch.setattr(planner._StageGuess, "propose", random_guess)
+    got = _rollout(shipped, inst, 6)
+    assert got[2][:2] == want[2][:2]
+    assert _same_plan_up_to_symmetry(inst, got[0], want[0], samples=2)
+
+
+def test_the_stage_guesser_repeats_the_last_stage():
+    from hetpar.agents.planner import _StageGuess
+    from hetpar.envs.actions import ActionLayout
+
+    lay = ActionLayout(max_hosts=4)
+    g = _StageGuess(lay)
+    every = np.ones(lay.n, dtype=bool)
+    assert g.propose(every) is None  # no stage closed yet
+    for a in (lay.memory("none", 0), lay.micro(2), lay.tp(4), lay.host(1), lay.host(1),
+              lay.layers(3)):
+        g.record(a)
+    assert g.propose(every) == lay.tp(4)
+    g.record(lay.tp(4))
+    assert g.propose(every) == lay.host(1)  # the last stage's last host
+    host1_full = every.copy()
+    host1_full[lay.host(1)] = False
+    assert g.propose(host1_full) is None  # which host comes next is not guessed
+    g.record(lay.host(2))
+    assert g.propose(every) == lay.host(2)
+    g.record(lay.host(2))
+    assert g.propose(every) == lay.layers(3)  # as many blocks as the last stage: close it
+    no_three = every.copy()
+    no_three[lay.layers(3)] = False
+    assert g.propose(no_three) is None
+
+
+def test_speculation_below_one_is_refused(shipped):
+    inst = load_suite("test-iid").instance(0)
+    with pytest.raises(ConfigError, match="speculate"):
+        plan_with_policy(shipped, inst, speculate=0)
 
 
 def test_beam_width_below_one_is_refused(shipped):

@@ -7,6 +7,14 @@ of that. ``NumpyLogits`` copies the weights of a ``HostAttentionExtractor`` and 
 exactly its action logits (the value head is left out: planning does not need it). The
 tests compare it with the torch module on random and real observations; training keeps
 using the torch module.
+
+The arithmetic is rearranged where that saves whole array operations, which is what a call
+costs here: each layer norm's affine part and the attention's 1/sqrt(dk) are folded into
+the weights of the linear layer after them, the attention scores are laid out (key, query)
+so that the softmax reduces over a non-contiguous axis (numpy vectorises that across the
+contiguous one; a reduction over a contiguous axis of 16 runs as many short loops), the
+pair messages are one stacked matrix product, and key masks are skipped when every host
+of the batch is real (planning on one cluster).
 """
 
 from __future__ import annotations
@@ -62,12 +70,47 @@ def _run(layers: list[tuple[np.ndarray, np.ndarray] | None], x: np.ndarray) -> n
     return x
 
 
-def _layer_norm(x: np.ndarray, p: tuple[np.ndarray, np.ndarray, float]) -> np.ndarray:
+def _standardise(x: np.ndarray, eps: float) -> np.ndarray:
+    """A layer norm without its affine part (folded into the next linear layer)."""
     # Sums over the last axis: ndarray.mean costs several times more at these sizes.
     inv = np.float32(1.0 / x.shape[-1])
     centred = x - np.add.reduce(x, axis=-1, keepdims=True) * inv
-    var = np.add.reduce(centred * centred, axis=-1, keepdims=True) * inv
-    return centred / np.sqrt(var + np.float32(p[2])) * p[0] + p[1]
+    var = np.add.reduce(centred * centred, axis=-1, keepdims=True)
+    var *= inv
+    var += np.float32(eps)
+    centred /= np.sqrt(var, out=var)
+    return centred
+
+
+def _layer_norm(x: np.ndarray, p: tuple[np.ndarray, np.ndarray, float]) -> np.ndarray:
+    out = _standardise(x, p[2])
+    out *= p[0]
+    out += p[1]
+    return out
+
+
+def _fold_norm(norm: tuple[np.ndarray, np.ndarray, float],
+               layer: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``layer`` applied after ``norm``'s affine part, as one linear layer:
+    (x * g + c) @ W + b = x @ (g[:, None] * W) + (c @ W + b)."""
+    g, c, _ = norm
+    w, b = layer
+    return (g[:, None] * w).astype(np.float32), (c @ w + b).astype(np.float32)
+
+
+def _prepare_block(blk: Any) -> dict[str, Any]:
+    heads, dk = int(blk.heads), int(blk.dk)
+    norm1, norm2 = _norm(blk.norm1), _norm(blk.norm2)
+    w, b = _fold_norm(norm1, _linear(blk.qkv))
+    scale = np.ones(w.shape[1], dtype=np.float32)
+    scale[:heads * dk] = 1.0 / math.sqrt(dk)  # the query columns come first
+    ffn = _mlp(blk.ffn)
+    first = ffn[0]
+    assert first is not None
+    return {"heads": heads, "dk": dk, "eps1": norm1[2], "eps2": norm2[2],
+            "qkv": ((w * scale).astype(np.float32), (b * scale).astype(np.float32)),
+            "edge_bias": _linear(blk.edge_bias), "edge_msg": _linear(blk.edge_msg),
+            "out": _linear(blk.out), "ffn": [_fold_norm(norm2, first), *ffn[1:]]}
 
 
 class NumpyLogits:
@@ -84,14 +127,19 @@ class NumpyLogits:
         self.host_in = _mlp(ex.host_in)
         self.glob_to_host = _linear(ex.glob_to_host)
         self.edge = _mlp(ex.edge)
-        self.blocks = [dict(heads=int(b.heads), dk=int(b.dk), norm1=_norm(b.norm1),
-                            qkv=_linear(b.qkv), edge_bias=_linear(b.edge_bias),
-                            edge_msg=_linear(b.edge_msg), out=_linear(b.out),
-                            norm2=_norm(b.norm2), ffn=_mlp(b.ffn)) for b in ex.blocks]
+        self.blocks = [_prepare_block(b) for b in ex.blocks]
         self.norm = _norm(ex.norm)
         self.pool = _mlp(ex.pool)
         self.heads = [_linear(ex.memory_head), _linear(ex.micro_head), _linear(ex.tp_head)]
-        self.host_head = _mlp(ex.host_head)
+        host_head = _mlp(ex.host_head)
+        # Its first layer reads [h, z]: split, so that z's part is computed once per
+        # observation rather than once per host.
+        first = host_head[0]
+        assert first is not None
+        dim = first[0].shape[0] // 2
+        self.host_h = first[0][:dim].copy()
+        self.host_z = (first[0][dim:].copy(), first[1])
+        self.host_rest = host_head[1:]
         self.layer_z = _linear(ex.layer_z)
         self.layer_k = _linear(ex.layer_k)
         self.layer_out = _mlp(ex.layer_out)
@@ -108,8 +156,8 @@ class NumpyLogits:
         self._layer_terms: dict[bytes, np.ndarray] = {}
 
     def _edges(self, pairs: np.ndarray) -> tuple[list[tuple[np.ndarray, np.ndarray]], bool]:
-        """Per block (score bias (B|1, heads, n, n), message terms (B|1, n, n, d)), and
-        whether they are shared by the whole batch (computed once, batch axis 1)."""
+        """Per block (score bias (B|1, heads, key, query), message terms (B|1, n, n, d)),
+        and whether they are shared by the whole batch (computed once, batch axis 1)."""
         shared = bool((pairs == pairs[:1]).all())
         if shared:
             key = pairs[0].tobytes() + bytes(str(pairs.shape[1:]), "ascii")
@@ -117,7 +165,8 @@ class NumpyLogits:
                 return self._edge_terms, True
             pairs = pairs[:1]
         edges = _run(self.edge, pairs.copy())
-        terms = [(_dense(edges, blk["edge_bias"]).transpose(0, 3, 1, 2),
+        # edges[b, i, j] is the pair (query i, key j): the bias goes to (b, head, j, i).
+        terms = [(np.ascontiguousarray(_dense(edges, blk["edge_bias"]).transpose(0, 3, 2, 1)),
                   _dense(edges, blk["edge_msg"])) for blk in self.blocks]
         if shared:
             self._edge_key, self._edge_terms = key, terms
@@ -162,18 +211,26 @@ class NumpyLogits:
         any_real = real.any(0)
         n = int(np.flatnonzero(any_real).max()) + 1 if any_real.any() else 1
         real_n = real[:, :n]
-        realf = real_n[..., None].astype(np.float32)
+        # Every host of every observation real (one cluster's planning): no masking needed.
+        key_mask = None if real_n.all() else real_n | ~real_n.any(1, keepdims=True)
+        realf = None if key_mask is None else real_n[..., None].astype(np.float32)
         gz = _run(self.glob, g)
-        h = _run(self.host_in, hosts[:, :n].copy()) + _dense(gz, self.glob_to_host)[:, None, :]
-        h = h * realf
+        h = _run(self.host_in, hosts[:, :n].copy())
+        h += _dense(gz, self.glob_to_host)[:, None, :]
+        if realf is not None:
+            h *= realf
         terms, shared = self._edges(pairs[:, :n, :n])
-        key_mask = real_n | ~real_n.any(1, keepdims=True)
         for blk, (bias, msg) in zip(self.blocks, terms):
             h = self._block(blk, h, bias, msg, shared, key_mask)
-        h = _layer_norm(h, self.norm) * realf
-        count = np.maximum(real_n.sum(1, keepdims=True), 1).astype(np.float32)
-        mean = h.sum(1) / count
-        mx = np.maximum(np.where(real_n[..., None], h, -1e4).max(1), -1e3)
+        h = _layer_norm(h, self.norm)
+        if realf is not None:
+            h *= realf
+            count = np.maximum(real_n.sum(1, keepdims=True), 1).astype(np.float32)
+            mean = h.sum(1) / count
+            mx = np.maximum(np.where(real_n[..., None], h, -1e4).max(1), -1e3)
+        else:
+            mean = np.add.reduce(h, axis=1) * np.float32(1.0 / n)
+            mx = np.maximum(np.maximum.reduce(h, axis=1), -1e3)
         z = _run(self.pool, np.concatenate([mean, mx, gz], axis=-1))
         small = sum(w_.shape[1] for w_, _ in self.heads)
         host_at, layer_at = small, small + max_hosts
@@ -181,9 +238,12 @@ class NumpyLogits:
         if need is None or need[:small].any():
             out[:, :small] = np.concatenate([z @ w_ + b_ for w_, b_ in self.heads], axis=1)
         if need is None or need[host_at:layer_at].any():
-            hz = np.concatenate([h, np.broadcast_to(z[:, None, :], (b, n, z.shape[-1]))],
-                                axis=-1)
-            out[:, host_at:host_at + n] = _run(self.host_head, hz)[..., 0] * real_n
+            hz = (h.reshape(-1, h.shape[-1]) @ self.host_h).reshape(b, n, -1)
+            hz += _dense(z, self.host_z)[:, None, :]
+            host_logits = _run(self.host_rest, hz)[..., 0]
+            if realf is not None:
+                host_logits *= real_n
+            out[:, host_at:host_at + n] = host_logits
         if need is None or need[layer_at:].any():
             kf = self._layer_projection(g)
             out[:, layer_at:] = _run(self.layer_out,
@@ -192,22 +252,28 @@ class NumpyLogits:
 
     @staticmethod
     def _block(blk: dict[str, Any], h: np.ndarray, bias: np.ndarray, edge_msg: np.ndarray,
-               shared: bool, key_mask: np.ndarray) -> np.ndarray:
+               shared: bool, key_mask: np.ndarray | None) -> np.ndarray:
         b, n, d = h.shape
         heads, dk = blk["heads"], blk["dk"]
-        qkv = _dense(_layer_norm(h, blk["norm1"]), blk["qkv"]).reshape(b, n, 3, heads, dk)
+        qkv = _dense(_standardise(h, blk["eps1"]), blk["qkv"]).reshape(b, n, 3, heads, dk)
         q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, heads, n, dk)
-        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dk) + bias
-        scores = np.where(key_mask[:, None, None, :], scores, -1e9)
-        scores = scores - scores.max(-1, keepdims=True)
-        attn = np.exp(scores)
-        attn /= attn.sum(-1, keepdims=True)
-        msg = (attn @ v).transpose(0, 2, 1, 3).reshape(b, n, d)
-        mean_attn = np.add.reduce(attn, axis=1) * np.float32(1.0 / heads)
+        scores = k @ q.transpose(0, 1, 3, 2)  # (B, heads, key, query), 1/sqrt(dk) folded in
+        scores += bias
+        if key_mask is not None:
+            scores = np.where(key_mask[:, None, :, None], scores, -1e9)
+        scores -= np.maximum.reduce(scores, axis=2, keepdims=True)
+        attn = np.exp(scores, out=scores)
+        attn /= np.add.reduce(attn, axis=2, keepdims=True)
+        msg = (attn.transpose(0, 1, 3, 2) @ v).transpose(0, 2, 1, 3).reshape(b, n, d)
+        mean_attn = np.add.reduce(attn, axis=1)  # (B, key j, query i)
+        mean_attn *= np.float32(1.0 / heads)
         if shared:
-            msg = msg + np.einsum("bij,ijd->bid", mean_attn, edge_msg[0])
+            # sum_j a[b, i, j] E[i, j, :] as one product per query host i: (i, b, j) @ (i, j, d)
+            msg += (mean_attn.transpose(2, 0, 1) @ edge_msg[0]).transpose(1, 0, 2)
         else:
-            msg = msg + np.einsum("bij,bijd->bid", mean_attn, edge_msg)
+            msg += (mean_attn.transpose(0, 2, 1)[:, :, None, :] @ edge_msg)[:, :, 0, :]
         h = h + _dense(msg, blk["out"])
-        h = h + _run(blk["ffn"], _layer_norm(h, blk["norm2"]))
-        return h * key_mask[..., None].astype(h.dtype)
+        h += _run(blk["ffn"], _standardise(h, blk["eps2"]))
+        if key_mask is not None:
+            h *= key_mask[..., None]
+        return h

@@ -264,6 +264,7 @@ def test_speculative_rollout_takes_the_one_pass_per_step_rollouts_actions(shippe
     plain = plan_with_policy(shipped, inst, refine=False, samples=4, speculate=1)
     fast = plan_with_policy(shipped, inst, refine=False, samples=4)
     assert (fast.steps, fast.forced) == (plain.steps, plain.forced)
+    assert type(fast.steps) is int and type(fast.forced) is int  # they go into JSON
     assert _same_plan_up_to_symmetry(inst, fast.plan, plain.plan)
 
 
@@ -347,6 +348,15 @@ def test_the_stage_guesser_repeats_the_last_stage():
     no_three = every.copy()
     no_three[lay.layers(3)] = False
     assert g.propose(no_three) is None
+    # Alternating stages (A, B, A): B is guessed next.
+    for a in (lay.layers(1), lay.tp(4), lay.host(3), lay.host(3), lay.layers(3)):
+        g.record(a)
+    assert g.stages == ((lay.tp(4), 2, lay.layers(3)), (lay.tp(4), 2, lay.layers(1)),
+                        (lay.tp(4), 2, lay.layers(3)))
+    g.record(lay.tp(4))
+    g.record(lay.host(3))
+    g.record(lay.host(3))
+    assert g.propose(every) == lay.layers(1)
 
 
 def test_speculation_below_one_is_refused(shipped):

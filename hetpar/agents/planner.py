@@ -459,7 +459,7 @@ def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
                 break
             chain_obs.append(o)
             chain_masks.append(env.action_masks())
-        single = [np.count_nonzero(m) == 1 for m in chain_masks]
+        single = [int(np.count_nonzero(m)) == 1 for m in chain_masks]
         ask = [i for i, one in enumerate(single) if not one]
         actions = [int(np.flatnonzero(m)[0]) if one else -1
                    for m, one in zip(chain_masks, single)]
@@ -493,20 +493,24 @@ def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
 class _StageGuess:
     """Guesses the policy's next action from the ones it took, for ``_greedy``'s
     speculation: a new stage repeats the last closed one (its TP degree, its number of
-    blocks, its layer count), and a block comes from the host the last block came from.
-    Where that host is full it does not guess: which host comes next depends on the state
-    (measured: stale host logits guess it right less than half the time), so the chain
-    ends there and the batch scores that state for real. A wrong guess costs a few
-    environment steps and batch rows, never a different plan."""
+    blocks, its layer count), or the one before it when the stages alternate (A, B, A:
+    then B), and a block comes from the host the last block came from. Where that host is
+    full it does not guess: which host comes next depends on the state (measured: stale
+    host logits guess it right less than half the time), so the chain ends there and the
+    batch scores that state for real. A wrong guess costs a few environment steps and
+    batch rows, never a different plan."""
 
     def __init__(self, layout: Any) -> None:
         self.layout = layout
-        self.previous: tuple[int, ...] = ()  # the last closed stage's actions (tp, hosts, layers)
-        self.current: list[int] = []         # the open stage's actions so far
+        # The last closed stages, latest last: (tp action, blocks, layers action).
+        self.stages: tuple[tuple[int, int, int], ...] = ()
+        self.current: list[int] = []  # the open stage's actions so far (tp, hosts)
+        self.last_host = -1
 
     def copy(self) -> _StageGuess:
         twin = _StageGuess(self.layout)
-        twin.previous, twin.current = self.previous, list(self.current)
+        twin.stages, twin.current, twin.last_host = self.stages, list(self.current), \
+            self.last_host
         return twin
 
     def record(self, action: int) -> None:
@@ -515,19 +519,27 @@ class _StageGuess:
             self.current = [action]
         elif kind == "host":
             self.current.append(action)
-        elif kind == "layers":
-            self.previous, self.current = tuple(self.current) + (action,), []
+            self.last_host = action
+        elif kind == "layers" and self.current:
+            stage = (self.current[0], len(self.current) - 1, action)
+            self.stages, self.current = (*self.stages[-2:], stage), []
+
+    def _template(self) -> tuple[int, int, int]:
+        s = self.stages
+        if len(s) == 3 and s[2] == s[0] != s[1]:
+            return s[1]
+        return s[-1]
 
     def propose(self, masks: np.ndarray) -> int | None:
-        prev = self.previous
-        if not prev:
+        if not self.stages:
             return None  # nothing to repeat before the first stage is closed
+        tp, blocks, layers = self._template()
         if not self.current:
-            guess = prev[0]
-        elif len(self.current) - 1 >= len(prev) - 2:  # as many blocks as the last stage
-            guess = prev[-1]
+            guess = tp
+        elif len(self.current) - 1 >= blocks:
+            guess = layers
         else:
-            guess = self.current[-1] if len(self.current) > 1 else prev[-2]
+            guess = self.last_host
         return guess if masks[guess] else None
 
 

@@ -465,21 +465,29 @@ def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
     action, and at the first wrong guess the rollout goes back to the snapshot of that
     state. Every action taken is therefore the policy's masked argmax in the state it is
     taken in, as in a rollout of one forward pass per step (up to exact ties, which
-    batched sums may break differently). One batched forward pass of eight states costs
-    about three single ones (numpy's per-call overhead dominates at these sizes), and a
-    deep pipeline's stages repeat each other, so most guesses are right."""
+    batched sums may break differently). One batched forward pass of six states costs
+    about two single ones (numpy's per-call overhead dominates at these sizes), and a
+    deep pipeline's stages repeat each other, so most guesses are right.
+
+    Masks are asked lazily where the observation does not need them (the memory,
+    micro-batch and TP phases): a guess is checked alone (``env.allows``), and a state
+    whose most likely action is its guess needs nothing more; otherwise the rollout goes
+    back to that state and asks its actions from the most likely down
+    (``env.masked_argmax``), then continues from there."""
     width = max(1, int(lookahead))
     guess = _StageGuess(env.layout)
     steps, forced, forward_s = 0, 0, 0.0
-    masks = env.action_masks()
     while True:
         # The chain: state 0 is the true current state, state i + 1 follows guess i.
-        chain_obs, chain_masks, snaps, guesses = [obs], [masks], [], []
+        # masks[i] is state i's mask when known (None: asked lazily), need[i] a superset.
+        chain_obs, snaps, guesses = [obs], [], []
+        masks = [env.known_masks()]
+        need = [masks[0] if masks[0] is not None else env.phase_actions()]
         trial = guess.copy()
         end: tuple[dict[str, Any], dict[str, Any]] | None = None
         while len(chain_obs) < width:
-            g = trial.propose(chain_masks[-1])
-            if g is None:
+            g = trial.propose()
+            if g is None or not (masks[-1][g] if masks[-1] is not None else env.allows(g)):
                 break
             snaps.append(env.snapshot())
             o, _, terminated, truncated, info = env.step(g)
@@ -489,32 +497,46 @@ def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
                 end = (o, info)
                 break
             chain_obs.append(o)
-            chain_masks.append(env.action_masks())
-        single = [int(np.count_nonzero(m)) == 1 for m in chain_masks]
+            masks.append(env.known_masks())
+            need.append(masks[-1] if masks[-1] is not None else env.phase_actions())
+        single = [m is not None and int(np.count_nonzero(m)) == 1 for m in masks]
         ask = [i for i, one in enumerate(single) if not one]
-        actions = [int(np.flatnonzero(m)[0]) if one else -1
-                   for m, one in zip(chain_masks, single)]
+        rows: dict[int, np.ndarray] = {}
         if ask:
             t0 = time.perf_counter()
-            out = forward([chain_obs[i] for i in ask], [chain_masks[i] for i in ask])
+            out = forward([chain_obs[i] for i in ask], [need[i] for i in ask])
             forward_s += time.perf_counter() - t0
-            for i, row in zip(ask, out):
-                actions[i] = int(np.argmax(np.where(chain_masks[i], row, -np.inf)))
-        # The first state whose action differs from the guess made in it.
-        j = next((i for i, (a, g) in enumerate(zip(actions, guesses)) if a != g),
-                 len(guesses))
-        taken = actions[:j + 1]  # without the last state when the guesses ended the episode
+            rows = dict(zip(ask, out))
+        taken: list[int] = []
+        restored = False
+        for i, m in enumerate(masks):
+            if single[i]:
+                action = int(np.flatnonzero(m)[0])
+            elif m is not None:
+                action = int(np.argmax(np.where(m, rows[i], -np.inf)))
+            else:
+                top = int(np.argmax(np.where(need[i], rows[i], -np.inf)))
+                if i < len(guesses) and top == guesses[i]:
+                    action = top  # the most likely of the phase's actions, and allowed
+                else:
+                    if i < len(guesses):
+                        env.restore(snaps[i], observe=False)
+                        restored = True
+                    action = env.masked_argmax(rows[i])
+            taken.append(action)
+            if restored or i == len(guesses) or action != guesses[i]:
+                break
         steps += len(taken)
         forced += sum(single[:len(taken)])
         for a in taken:
             guess.record(a)
-        if j == len(guesses) and end is not None:
+        if len(taken) == len(guesses) and taken == guesses and end is not None:
             obs, info = end  # every guess was right, and the last one ended the episode
         else:
-            if j < len(guesses):
+            j = len(taken) - 1
+            if j < len(guesses) and not restored:
                 env.restore(snaps[j], observe=False)
             obs, _, _, _, info = env.step(taken[-1])
-            masks = env.action_masks()
         if "plan" in info:
             return info["plan"], info, (steps, forced, forward_s)
         if info.get("invalid_action") or steps >= _MAX_STEPS or info is (end and end[1]):
@@ -526,9 +548,9 @@ class _StageGuess:
     speculation: a new stage repeats the last closed one (its TP degree, its number of
     blocks, its layer count), or the one before it when the stages alternate (A, B, A:
     then B), and a block comes from the host the last block came from. Where that host is
-    full it does not guess: which host comes next depends on the state (measured: stale
-    host logits guess it right less than half the time), so the chain ends there and the
-    batch scores that state for real. A wrong guess costs a few environment steps and
+    full the guess is not allowed and the chain ends: which host comes next depends on
+    the state (measured: stale host logits guess it right less than half the time), so
+    the batch scores that state for real. A wrong guess costs a few environment steps and
     batch rows, never a different plan."""
 
     def __init__(self, layout: Any) -> None:
@@ -561,17 +583,16 @@ class _StageGuess:
             return s[1]
         return s[-1]
 
-    def propose(self, masks: np.ndarray) -> int | None:
+    def propose(self) -> int | None:
+        """The guessed next action (the caller checks that it is allowed)."""
         if not self.stages:
             return None  # nothing to repeat before the first stage is closed
         tp, blocks, layers = self._template()
         if not self.current:
-            guess = tp
-        elif len(self.current) - 1 >= blocks:
-            guess = layers
-        else:
-            guess = self.last_host
-        return guess if masks[guess] else None
+            return tp
+        if len(self.current) - 1 >= blocks:
+            return layers
+        return self.last_host
 
 
 @dataclass

@@ -57,7 +57,7 @@ from gymnasium import spaces
 
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.objective import Objective
-from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES, ActionLayout
+from hetpar.envs.actions import KINDS, RECOMPUTE_MODES, ZERO_STAGES, ActionLayout
 from hetpar.envs.context import InstanceContext, log_scale
 from hetpar.envs.feasibility import bits_upto
 from hetpar.envs.observation import (observation_space, pair_features, route_links,
@@ -143,6 +143,9 @@ class PlanBuilderEnv(gym.Env):
         self._static: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._routes: dict[int, np.ndarray] = {}
         self._ep: _Episode | None = None
+        self._mask_cache: np.ndarray | None = None
+        self._allowed: dict[int, bool] = {}  # single actions checked in this state
+        self._phase_actions: dict[int, np.ndarray] = {}
         self._infeasible: set[int] = set()  # instances found to admit no plan
         # A bad suite should fail here, not in the middle of training.
         for i in self.source.check_indices():
@@ -190,7 +193,7 @@ class PlanBuilderEnv(gym.Env):
         other._cache = OrderedDict()
         other._static, other._routes = {}, {}
         other._ep, other._infeasible = None, set()
-        other._mask_cache = None
+        other._mask_cache, other._allowed = None, {}
         other._install(0, self._context(0).rebind(instance))
         return other
 
@@ -271,6 +274,7 @@ class PlanBuilderEnv(gym.Env):
         self._host_mask[:n] = 1.0
         self._hosts0 = hosts0
         self._mask_cache: np.ndarray | None = None
+        self._allowed = {}
         return self._observation(), {"instance": ctx.instance.name}
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool,
@@ -279,13 +283,13 @@ class PlanBuilderEnv(gym.Env):
         if ep is None or ep.phase == _DONE:
             raise RuntimeError("the episode is over: call reset()")
         action = int(action)
-        if not (0 <= action < self.layout.n) or not self.action_masks()[action]:
+        if not (0 <= action < self.layout.n) or not self.allows(action):
             ep.invalid += 1
             truncated = ep.invalid >= self.max_invalid_actions
             return (self._observation(), self.invalid_action_reward, False, truncated,
                     {"invalid_action": True})
         kind, slot = self.layout.decode(action)
-        self._mask_cache = None
+        self._mask_cache, self._allowed = None, {}
         if kind == "memory":
             ep.recompute, ep.zero = ActionLayout.memory_option(slot)
             ep.phase = _MICRO
@@ -349,7 +353,7 @@ class PlanBuilderEnv(gym.Env):
         if ep is None or state.ctx is not ep.ctx:
             raise RuntimeError("restore() takes a snapshot of the current instance's episode")
         self._ep = _copy_episode(state)
-        self._mask_cache = None
+        self._mask_cache, self._allowed = None, {}
         return self._observation() if observe else None
 
     def state_key(self) -> tuple:
@@ -371,9 +375,7 @@ class PlanBuilderEnv(gym.Env):
             raise RuntimeError("call reset() first")
         ctx = ep.ctx
         # States recur across episodes of an instance: masks are memoised per state.
-        key = (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
-               min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
-               ep.open_dp)
+        key = self._mask_key()
         hit = ctx.masks.get(key)
         if hit is not None:
             self._mask_cache = hit
@@ -390,7 +392,7 @@ class PlanBuilderEnv(gym.Env):
                 mask[lay.micro(i)] = m in ok
         elif ep.phase == _TP:
             for tp in range(lay.max_tp_log2 + 1):
-                mask[lay.tp(1 << tp)] = bool(self._host_options(1 << tp, first_only=True).any())
+                mask[lay.tp(1 << tp)] = self._tp_allowed(1 << tp)
         elif ep.phase == _BLOCKS:
             mask[lay.start("host"):lay.start("host") + len(ctx.cluster.hosts)] = \
                 self._host_options(ep.open_tp)
@@ -403,6 +405,89 @@ class PlanBuilderEnv(gym.Env):
         ctx.masks[key] = mask
         self._mask_cache = mask
         return mask
+
+    def _mask_key(self) -> tuple:
+        ep = self._ep
+        assert ep is not None
+        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
+                min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
+                ep.open_dp)
+
+    def known_masks(self) -> np.ndarray | None:
+        """The action mask of the current state if it is already known (computed for this
+        state, memoised from an earlier episode, or needed by the observation, as in the
+        block phase), else None: a caller that only needs a few actions' answers can ask
+        ``allows`` or ``masked_argmax`` instead of paying for the whole mask."""
+        if self._mask_cache is None and self._ep is not None:
+            hit = self._ep.ctx.masks.get(self._mask_key())
+            if hit is not None:
+                self._mask_cache = hit
+        return self._mask_cache
+
+    def allows(self, action: int) -> bool:
+        """``action_masks()[action]``, without building the whole mask in the memory,
+        micro-batch and TP phases (each of their actions is its own feasibility question,
+        and a TP option costs a completion search)."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        if self._mask_cache is not None or ep.phase == _BLOCKS:
+            return bool(self.action_masks()[action])
+        hit = self._allowed.get(action)
+        if hit is None:
+            known = self.known_masks()
+            if known is not None:
+                return bool(known[action])
+            kind, slot = self.layout.decode(action)
+            ctx = ep.ctx
+            if kind != KINDS[ep.phase]:
+                hit = False
+            elif kind == "memory":
+                hit = ctx.allowed_memory_option(*ActionLayout.memory_option(slot))
+            elif kind == "micro_batches":
+                hit = slot < len(ctx.micro_options) and ctx.micro_feasible(
+                    ep.recompute, ep.zero, ctx.micro_options[slot])
+            else:
+                hit = self._tp_allowed(1 << slot)
+            self._allowed[action] = hit = bool(hit)
+        return hit
+
+    def phase_actions(self) -> np.ndarray:
+        """Every action of the decision kinds of the current phase, allowed or not (a
+        superset of ``action_masks()``; the block phase has two kinds, hosts and layers)."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        hit = self._phase_actions.get(ep.phase)
+        if hit is None:
+            lay = self.layout
+            hit = np.zeros(lay.n, dtype=bool)
+            kinds = ("host", "layers") if ep.phase == _BLOCKS else \
+                () if ep.phase == _DONE else (KINDS[ep.phase],)
+            for kind in kinds:
+                i = KINDS.index(kind)
+                hit[lay.offsets[i]:lay.offsets[i] + lay.sizes[i]] = True
+            hit.flags.writeable = False
+            self._phase_actions[ep.phase] = hit
+        return hit
+
+    def masked_argmax(self, logits: np.ndarray) -> int:
+        """``argmax(where(action_masks(), logits, -inf))`` (the policy's deterministic
+        choice), asking ``allows`` of the phase's actions from the most likely down, so
+        that a confident policy's choice costs one feasibility question, not the mask's."""
+        known = self.known_masks()
+        if known is not None:
+            return int(np.argmax(np.where(known, logits, -np.inf)))
+        candidates = np.flatnonzero(self.phase_actions())
+        # Stable: equal logits in index order, as argmax breaks ties.
+        for i in np.argsort(-np.asarray(logits)[candidates], kind="stable"):
+            action = int(candidates[i])
+            if self.allows(action):
+                return action
+        raise RuntimeError("no action is allowed in this state")
+
+    def _tp_allowed(self, tp: int) -> bool:
+        return bool(self._host_options(tp, first_only=True).any())
 
     def _oracle(self):  # noqa: ANN202
         ep = self._ep

@@ -10,6 +10,8 @@ neighbour with the refinement's exact search, which only looks for completions b
 than the best plan so far (so most neighbours are bounded away in a few steps). At a
 local optimum of single edits it looks two edits away before it stops: dropping a stage
 of slow GPUs often pays only once another stage's TP degree changes to hold its layers.
+Before the single edits it tries shallower pipelines of the same GPUs (``coarsenings``:
+runs of 2, 4, 8, ... stages merged), while they improve.
 No structure is completed twice (targets only fall, so one that failed stays beaten).
 
 The budget is a count of scored completions (deterministic: the same plan on every
@@ -32,7 +34,7 @@ from hetpar.solvers.exact import Problem, make_bounds
 from hetpar.solvers.refine import complete_structure, refine_plan
 from hetpar.solvers.space import PlanSpace, StageChoice
 
-__all__ = ["Improvement", "improve_structure", "structure_neighbours"]
+__all__ = ["Improvement", "coarsenings", "improve_structure", "structure_neighbours"]
 
 Structure = tuple[StageChoice, ...]
 # Scored completions per climb: at most about a second on one core at 16 bandwidth samples
@@ -136,6 +138,86 @@ def structure_neighbours(space: PlanSpace, stages: Structure) -> Iterator[Struct
             yield from emit(stages[:i] + (nxt, st) + stages[i + 2:])
 
 
+def coarsenings(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
+    """Shallower pipelines of about the same GPUs: consecutive runs of ``k`` stages of one
+    GPU type and TP degree merged into one stage each (their blocks become its
+    data-parallel replicas), for k = ..., 8, 4, 2 from the whole pipeline down (the
+    shallowest first: they are the cheapest to complete, and a good one bounds the deeper
+    ones' searches). A merged
+    stage whose replica count divides no micro-batch of the global batch is trimmed to
+    the nearest count that does, and (as a second candidate) grown into free GPUs of its
+    type to the next one. A deep pipeline of small stages is the typical miss of a
+    policy on a cluster larger than those it trained on, and a climb by single merges
+    pays a full scan of neighbours for every stage it removes."""
+    p = len(stages)
+    batch = space.training.global_batch
+    seen = {stages}
+    k = 2
+    while k < p:
+        k *= 2
+    while k >= 2:
+        groups: list[list[StageChoice]] = []
+        for st in stages:
+            last = groups[-1] if groups else None
+            if last and len(last) < k and st.gpu_type == last[0].gpu_type and \
+                    st.tp == last[0].tp:
+                last.append(st)
+            else:
+                groups.append([st])
+        merged = []
+        for run in groups:
+            use: dict[int, int] = {}
+            for r in run:
+                for h, b in zip(r.hosts, r.blocks):
+                    use[h] = use.get(h, 0) + b
+            merged.append((run[0].gpu_type, run[0].tp, use))
+        for grow in (False, True):
+            cand = _even_replicas(space, merged, batch, grow)
+            if cand is not None and len(cand) < p and cand not in seen:
+                seen.add(cand)
+                yield cand
+        k //= 2
+
+
+def _even_replicas(space: PlanSpace, merged: list[tuple[str, int, dict[int, int]]],
+                   batch: int, grow: bool) -> Structure | None:
+    """The merged stages with replica counts that divide the global batch: blocks taken
+    off (from the hosts with fewest first, so whole hosts come free) or, with ``grow``,
+    added from free GPUs of the stage's type (hosts it uses first); None when growing
+    finds too few."""
+    free = list(space.capacity)
+    for _, tp, use in merged:
+        for h, b in use.items():
+            free[h] -= b * tp
+    out = []
+    for gpu_type, tp, use in merged:
+        use = dict(use)
+        dp = sum(use.values())
+        if batch % dp:
+            if grow:
+                want = next((d for d in range(dp + 1, batch + 1) if batch % d == 0), None)
+                if want is None:
+                    return None
+                order = sorted(space.eligible_hosts(gpu_type, tp),
+                               key=lambda h, use=use: (h not in use, h))
+                for h in order:
+                    while dp < want and free[h] >= tp:
+                        use[h] = use.get(h, 0) + 1
+                        free[h] -= tp
+                        dp += 1
+                if dp < want:
+                    return None
+            else:
+                want = max(d for d in range(1, dp) if batch % d == 0)
+                for h in sorted(use, key=lambda h: (use[h], -h)):
+                    while dp > want and use[h] > 0:
+                        use[h] -= 1
+                        free[h] += tp
+                        dp -= 1
+        out.append(_stage(gpu_type, tp, use))
+    return tuple(out)
+
+
 def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, plan: Plan, *,
                       max_evaluations: int | None = DEFAULT_EVALUATIONS,
                       neighbour_steps: int = 150, time_limit: float | None = None,
@@ -164,11 +246,13 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     # beat it now (targets only fall), so none is completed twice.
     tried: set[Structure] = {current}
 
-    def scan(around: Structure) -> tuple[Plan, float, Structure] | None:
-        """The best neighbour of ``around`` better than the best so far, if any."""
+    def scan(around: Structure, candidates: Iterator[Structure] | None = None,
+             ) -> tuple[Plan, float, Structure] | None:
+        """The best neighbour of ``around`` (or of ``candidates``) better than the best
+        so far, if any."""
         nonlocal steps, used, neighbours
         found: tuple[Plan, float, Structure] | None = None
-        for cand in structure_neighbours(space, around):
+        for cand in structure_neighbours(space, around) if candidates is None else candidates:
             if spent():
                 break
             if cand in tried:
@@ -187,6 +271,14 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
                 found = (done.plan, done.value, cand)
         return found
 
+    # Coarsen first while that improves: a few completions can remove most of a deep
+    # pipeline's stages, which single merges would remove one full scan at a time.
+    while not spent():
+        found = scan(current, coarsenings(space, current))
+        if found is None:
+            break
+        best_plan, best, current = found
+        moves += 1
     while not spent():
         found = scan(current)
         if found is None and depth > 1:

@@ -159,9 +159,15 @@ def test_plan_with_local_search_is_never_worse(shipped):
 
 def test_cli_plan_improve(capsys):
     rc = main(["plan", "--cluster", "configs/clusters/amp-het-16.yaml", "--model",
-               "gpt2-medium", "--beam", "1", "--improve", "5000"])
-    out = capsys.readouterr().out
+               "gpt2-medium", "--beam", "1", "--improve", "5000", "--compare", "megatron"])
+    out = " ".join(capsys.readouterr().out.split())
     assert rc == 0 and "structure search (5000 completions at most)" in out
+    # The speed comparison names what it timed, and a ratio below 1 reads "slower".
+    import re
+
+    pace = re.search(r"the policy \(rollout, refinement and structure search\) was "
+                     r"(?:([\d,]+)x faster|([\d.,]+)x slower|as fast)", out)
+    assert pace is not None and pace.group(1) != "0"
 
 
 @pytest.mark.parametrize("value", ["-3", "-1"])

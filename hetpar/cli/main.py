@@ -591,11 +591,14 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             how = ("" if cert is None else ", proven optimal" if cert.optimal else
                    f", not proven optimal ({cert.stopped}, bound gap {other.gap:.1%})")
             speed = other.wall_s / max(result.latency_s, 1e-9)
+            what = ("rollout, refinement and structure search" if result.improve_s else
+                    "rollout and refinement")
+            pace = (f"{speed:,.0f}x faster" if speed >= 1.5 else
+                    f"{1 / speed:,.1f}x slower" if speed < 1 / 1.5 else "as fast")
             console.print(f"[bold]{other.method}[/]: objective {other.objective} = "
                           f"{other.value:.4f} s in {other.wall_s:.2f} s{how}", highlight=False)
             console.print(f"gap T_policy / T_{other.method} - 1 = [bold]{gap:+.2%}[/]; the "
-                          f"policy (rollout and refinement) was {speed:,.0f}x faster",
-                          highlight=False)
+                          f"policy ({what}) was {pace}", highlight=False)
     if out is not None:
         console.print(f"plan written to {out} (check it with: hetpar estimate --plan {out} ...)")
     return 0

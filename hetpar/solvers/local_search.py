@@ -10,8 +10,9 @@ neighbour with the refinement's exact search, which only looks for completions b
 than the best plan so far (so most neighbours are bounded away in a few steps). At a
 local optimum of single edits it looks two edits away before it stops: dropping a stage
 of slow GPUs often pays only once another stage's TP degree changes to hold its layers.
-Before the single edits it tries shallower pipelines of the same GPUs (``coarsenings``:
-runs of 2, 4, 8, ... stages merged), while they improve.
+Before the single edits it takes global moves while one improves (``global_moves``):
+drop every stage of one GPU type, add a stage over a type's idle GPUs, or coarsen the
+pipeline (``coarsenings``: runs of ..., 4, 2 consecutive stages merged).
 No structure is completed twice (targets only fall, so one that failed stays beaten).
 
 The budget is a count of scored completions (deterministic: the same plan on every
@@ -34,7 +35,8 @@ from hetpar.solvers.exact import Problem, make_bounds
 from hetpar.solvers.refine import complete_structure, refine_plan
 from hetpar.solvers.space import PlanSpace, StageChoice
 
-__all__ = ["Improvement", "coarsenings", "improve_structure", "structure_neighbours"]
+__all__ = ["Improvement", "coarsenings", "global_moves", "improve_structure",
+           "structure_neighbours"]
 
 Structure = tuple[StageChoice, ...]
 # Scored completions per climb: at most about a second on one core at 16 bandwidth samples
@@ -138,6 +140,40 @@ def structure_neighbours(space: PlanSpace, stages: Structure) -> Iterator[Struct
             yield from emit(stages[:i] + (nxt, st) + stages[i + 2:])
 
 
+def global_moves(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
+    """Structures far from ``stages`` in single edits, for the climb's first phase: every
+    stage of one GPU type dropped (a slow type, or a site behind a slow link, that the
+    pipeline is faster without), one stage added at either end over all the free GPUs of
+    a type (GPUs the plan leaves idle), at each of the type's TP degrees that they
+    allow, and the ``coarsenings``. Each is within the space's stage rules; replica
+    counts of new stages divide the global batch."""
+    seen = {stages}
+
+    def emit(cand: Structure) -> Iterator[Structure]:
+        if cand and len(cand) <= space.model.layers and cand not in seen:
+            seen.add(cand)
+            yield cand
+
+    types = list(dict.fromkeys(st.gpu_type for st in stages))
+    if len(types) > 1:
+        for t in types:
+            yield from emit(tuple(st for st in stages if st.gpu_type != t))
+    free = functools.reduce(space.take, stages, space.capacity)
+    batch = space.training.global_batch
+    for t in space.types:
+        for tp in space.tp_options[t]:
+            use = {h: free[h] // tp for h in space.eligible_hosts(t, tp) if free[h] >= tp}
+            if not use:
+                continue
+            stage = _even_replicas(space, [(t, tp, use)], batch, grow=False, free=free)
+            if stage is None:
+                continue
+            yield from emit(stage + stages)
+            yield from emit(stages + stage)
+    for cand in coarsenings(space, stages):
+        yield from emit(cand)
+
+
 def coarsenings(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
     """Shallower pipelines of about the same GPUs: consecutive runs of ``k`` stages of one
     GPU type and TP degree merged into one stage each (their blocks become its
@@ -180,15 +216,19 @@ def coarsenings(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
 
 
 def _even_replicas(space: PlanSpace, merged: list[tuple[str, int, dict[int, int]]],
-                   batch: int, grow: bool) -> Structure | None:
+                   batch: int, grow: bool, free: tuple[int, ...] | None = None,
+                   ) -> Structure | None:
     """The merged stages with replica counts that divide the global batch: blocks taken
     off (from the hosts with fewest first, so whole hosts come free) or, with ``grow``,
     added from free GPUs of the stage's type (hosts it uses first); None when growing
-    finds too few."""
-    free = list(space.capacity)
-    for _, tp, use in merged:
-        for h, b in use.items():
-            free[h] -= b * tp
+    finds too few. ``free``: the GPUs free besides ``merged`` (default: all but theirs)."""
+    if free is None:
+        free = list(space.capacity)
+        for _, tp, use in merged:
+            for h, b in use.items():
+                free[h] -= b * tp
+    else:
+        free = list(free)
     out = []
     for gpu_type, tp, use in merged:
         use = dict(use)
@@ -271,10 +311,11 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
                 found = (done.plan, done.value, cand)
         return found
 
-    # Coarsen first while that improves: a few completions can remove most of a deep
-    # pipeline's stages, which single merges would remove one full scan at a time.
+    # Global moves first while one improves: a few completions can remove most of a deep
+    # pipeline's stages, a whole GPU type or site, or put idle GPUs to work, which single
+    # edits would do one full scan of neighbours at a time.
     while not spent():
-        found = scan(current, coarsenings(space, current))
+        found = scan(current, global_moves(space, current))
         if found is None:
             break
         best_plan, best, current = found

@@ -10,9 +10,9 @@ neighbour with the refinement's exact search, which only looks for completions b
 than the best plan so far (so most neighbours are bounded away in a few steps). At a
 local optimum of single edits it looks two edits away before it stops: dropping a stage
 of slow GPUs often pays only once another stage's TP degree changes to hold its layers.
-Besides single edits every scan tries global moves (``global_moves``): drop every stage
-of one GPU type, add a stage over a type's idle GPUs, or coarsen the pipeline
-(``coarsenings``: runs of ..., 4, 2 consecutive stages merged).
+Before the single edits it takes global moves while one improves (``global_moves``):
+drop every stage of one GPU type, add a stage over a type's idle GPUs, or coarsen the
+pipeline (``coarsenings``: runs of ..., 4, 2 consecutive stages merged).
 No structure is completed twice (targets only fall, so one that failed stays beaten).
 
 The budget is a count of scored completions (deterministic: the same plan on every
@@ -23,7 +23,6 @@ The result is never worse than the plan given.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -293,12 +292,7 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
         so far, if any."""
         nonlocal steps, used, neighbours
         found: tuple[Plan, float, Structure] | None = None
-        if candidates is None:
-            # Single edits and the global moves, in one scan: the best of both is taken
-            # (a global move taken first, greedily, can lead to a worse local optimum).
-            candidates = itertools.chain(global_moves(space, around),
-                                         structure_neighbours(space, around))
-        for cand in candidates:
+        for cand in structure_neighbours(space, around) if candidates is None else candidates:
             if spent():
                 break
             if cand in tried:
@@ -317,6 +311,15 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
                 found = (done.plan, done.value, cand)
         return found
 
+    # Global moves first while one improves: a few completions can remove most of a deep
+    # pipeline's stages, a whole GPU type or site, or put idle GPUs to work, which single
+    # edits would do one full scan of neighbours at a time.
+    while not spent():
+        found = scan(current, global_moves(space, current))
+        if found is None:
+            break
+        best_plan, best, current = found
+        moves += 1
     while not spent():
         found = scan(current)
         if found is None and depth > 1:

@@ -43,23 +43,25 @@ def _worst_plan(cm, space, obj, rng):
 
 @pytest.mark.parametrize("seed", range(0, 200, 4))
 def test_every_neighbour_is_a_structure_of_the_space(seed):
-    _, model, _, _, _, space = _setup(seed)
+    for _ in _moves_on_tiny_instances(seed, structure_neighbours):
+        pass  # the helper asserts: distinct, not the structure itself, in the space
+
+
+def _moves_on_tiny_instances(seed, moves):
+    """(structure, its moves, every structure of the space, global batch) for up to 60
+    structures of a tiny instance."""
+    _, model, training, _, _, space = _setup(seed)
     every = set(skeletons(space, model.layers))
     for stages in list(every)[:60]:
-        out = list(structure_neighbours(space, stages))
+        out = list(moves(space, stages))
         assert len(out) == len(set(out)) and stages not in out
         assert set(out) <= every
+        yield space, stages, out, training.global_batch
 
 
 @pytest.mark.parametrize("seed", range(0, 200, 4))
 def test_every_coarsening_is_a_shallower_structure_of_the_space(seed):
-    _, model, training, _, _, space = _setup(seed)
-    every = set(skeletons(space, model.layers))
-    batch = training.global_batch
-    for stages in list(every)[:60]:
-        out = list(coarsenings(space, stages))
-        assert len(out) == len(set(out)) and stages not in out
-        assert set(out) <= every
+    for _, stages, out, batch in _moves_on_tiny_instances(seed, coarsenings):
         for cand in out:
             assert len(cand) < len(stages)
             # A stage the merge made has a replica count that divides the global batch.
@@ -68,13 +70,7 @@ def test_every_coarsening_is_a_shallower_structure_of_the_space(seed):
 
 @pytest.mark.parametrize("seed", range(1, 200, 4))
 def test_every_global_move_is_a_structure_of_the_space(seed):
-    _, model, training, _, _, space = _setup(seed)
-    every = set(skeletons(space, model.layers))
-    batch = training.global_batch
-    for stages in list(every)[:60]:
-        out = list(global_moves(space, stages))
-        assert len(out) == len(set(out)) and stages not in out
-        assert set(out) <= every
+    for space, stages, out, batch in _moves_on_tiny_instances(seed, global_moves):
         assert set(coarsenings(space, stages)) <= set(out)
         for cand in out:
             assert all(batch % st.dp == 0 for st in cand if st not in stages)

@@ -530,7 +530,8 @@ def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
         forced += sum(single[:len(taken)])
         for a in taken:
             guess.record(a)
-        if len(taken) == len(guesses) and taken == guesses and end is not None:
+        ended_by_guess = end is not None and taken == guesses
+        if end is not None and ended_by_guess:
             obs, info = end  # every guess was right, and the last one ended the episode
         else:
             j = len(taken) - 1
@@ -539,7 +540,8 @@ def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
             obs, _, _, _, info = env.step(taken[-1])
         if "plan" in info:
             return info["plan"], info, (steps, forced, forward_s)
-        if info.get("invalid_action") or steps >= _MAX_STEPS or info is (end and end[1]):
+        # A guess that ended the episode without a plan (truncated) is as broken as a step.
+        if info.get("invalid_action") or steps >= _MAX_STEPS or ended_by_guess:
             raise _broken(bundle, steps)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from hetpar.costmodel.estimate import CostModel
@@ -65,6 +65,20 @@ def _stage(gpu_type: str, tp: int, use: dict[int, int]) -> StageChoice:
     return StageChoice(gpu_type, tp, hosts, tuple(use[h] for h in hosts))
 
 
+def _emitter(space: PlanSpace, stages: Structure,
+             ) -> Callable[[Structure], Iterator[Structure]]:
+    """A filter for candidate structures: non-empty, no more stages than layers, neither
+    ``stages`` nor one already emitted through it."""
+    seen = {stages}
+
+    def emit(cand: Structure) -> Iterator[Structure]:
+        if cand and len(cand) <= space.model.layers and cand not in seen:
+            seen.add(cand)
+            yield cand
+
+    return emit
+
+
 def structure_neighbours(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
     """Structures one edit away from ``stages``, each within the space's stage rules
     (every stage one GPU type, a TP degree of its options dividing its hosts' GPU
@@ -77,12 +91,7 @@ def structure_neighbours(space: PlanSpace, stages: Structure) -> Iterator[Struct
     p = len(stages)
     hosts = space.cluster.hosts
     free = functools.reduce(space.take, stages, space.capacity)
-    seen = {stages}
-
-    def emit(cand: Structure) -> Iterator[Structure]:
-        if cand and len(cand) <= space.model.layers and cand not in seen:
-            seen.add(cand)
-            yield cand
+    emit = _emitter(space, stages)
 
     for i, st in enumerate(stages):
         use = dict(zip(st.hosts, st.blocks))
@@ -147,12 +156,7 @@ def global_moves(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
     a type (GPUs the plan leaves idle), at each of the type's TP degrees that they
     allow, and the ``coarsenings``. Each is within the space's stage rules; replica
     counts of new stages divide the global batch."""
-    seen = {stages}
-
-    def emit(cand: Structure) -> Iterator[Structure]:
-        if cand and len(cand) <= space.model.layers and cand not in seen:
-            seen.add(cand)
-            yield cand
+    emit = _emitter(space, stages)
 
     types = list(dict.fromkeys(st.gpu_type for st in stages))
     if len(types) > 1:

@@ -123,7 +123,21 @@ def test_plan_cli_json_gap_is_consistent(capsys, policy8):
     assert cmp_["method"] == "megatron"
     assert cmp_["gap"] == pytest.approx(doc["value_s"] / cmp_["value_s"] - 1)
     assert doc["inference_s"] > 0 and doc["plan"]["stages"]
-    assert doc["beam"] == 4 and doc["candidates"] >= 1
+    # The default: one rollout, refined, then the structure search.
+    assert doc["beam"] == 1 and doc["candidates"] == 1 and doc["improve_s"] > 0
+    assert doc["value_s"] <= doc["improved_from_s"] <= doc["raw_value_s"]
+
+
+def test_plan_cli_no_improve_skips_the_structure_search(capsys, policy8):
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--no-improve", "--beam", "3")
+    assert code == 0, err
+    assert "refinement" in out and "structure search" not in out
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--json", "--improve", "0")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["improve_s"] == 0.0 and doc["improve_moves"] == 0
 
 
 def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, policy8):
@@ -179,7 +193,7 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
     inst_file = save_instances(tmp_path / "tiny2.yaml", tiny_instances, suite="tiny",
                                max_hosts=4)
     out_dir = tmp_path / "ev"
-    methods = ("policy", "policy-search", "policy-greedy", "policy-raw", "exact", "metis",
+    methods = ("policy", "policy-beam", "policy-greedy", "policy-raw", "exact", "metis",
                "megatron", "random")
     code, out, err = run(capsys, "evaluate", "--policy", policy8, "--suite", inst_file,
                          "--n", "2", "--time-limit", "30", "--out", out_dir,
@@ -209,10 +223,11 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
             assert int(r["gpus"]) >= 1 and int(r["hosts"]) >= 1 and r["model"]
         assert float(exact["gap"]) == 0.0
         assert float(mine["policy"]["inference_s"]) > 0
-        # Refinement never makes the rollout's plan worse, nor the beam the greedy rollout.
+        # Refinement never makes the rollout's plan worse, nor the structure search the
+        # refined plan, nor the beam (which keeps and refines the greedy rollout) it.
         assert float(mine["policy-greedy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])
         assert float(mine["policy"]["value_s"]) <= float(mine["policy-greedy"]["value_s"])
-        assert float(mine["policy-search"]["value_s"]) <= float(mine["policy"]["value_s"])
+        assert float(mine["policy-beam"]["value_s"]) <= float(mine["policy-greedy"]["value_s"])
 
     summary = (out_dir / "summary.md").read_text()
     for text in ("| method |", "median gap", "p90 gap", "worst gap", "wins vs metis",

@@ -40,14 +40,14 @@ __all__ = [
     "write_outputs",
 ]
 
-METHODS = ("policy", "policy-search", "policy-greedy", "policy-raw", "exact", "metis",
+METHODS = ("policy", "policy-beam", "policy-greedy", "policy-raw", "exact", "metis",
            "megatron", "random")
-# policy: beam search over the policy's decisions + refinement of the best structures' inner
-# choices (the planner's default); policy-search: that plan, then a local search over
-# structures (``hetpar plan --improve``, default budget); policy-greedy: the single most
-# likely rollout, refined; policy-raw: that rollout's plan alone, to show what the network
-# itself decides.
-POLICY_METHODS = ("policy", "policy-search", "policy-greedy", "policy-raw")
+# policy: ``hetpar plan``'s default (the single most likely rollout, refinement of its
+# structure's inner choices, then the local search over structures); policy-beam: the
+# same from a beam search (``beam``, default WIDE_BEAM); policy-greedy: the refined
+# rollout without the structure search (``hetpar plan --no-improve``); policy-raw: that
+# rollout's plan alone, to show what the network itself decides.
+POLICY_METHODS = ("policy", "policy-beam", "policy-greedy", "policy-raw")
 CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
                "value_s", "wall_s", "inference_s", "optimal", "gap", "reference", "error")
 _TIE = 1e-9  # relative difference below which two values are a tie
@@ -244,8 +244,8 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                                          f"(known: {', '.join(METHODS)})")
     if any(m in POLICY_METHODS for m in methods) and bundle is None:
         raise ConfigError("", "policy", "the policy methods need a policy")
-    from hetpar.agents.planner import DEFAULT_BEAM
-    width = DEFAULT_BEAM if beam is None else beam
+    from hetpar.agents.planner import WIDE_BEAM
+    width = WIDE_BEAM if beam is None else beam
     defaults = bundle.env_kwargs if bundle is not None else {}
     obj = Objective.parse(objective if objective is not None else
                           str(defaults.get("objective", "mean")))
@@ -273,10 +273,9 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                     from hetpar.agents.planner import plan_with_policy
                     pp = plan_with_policy(bundle, inst, objective=obj, seed=seed, samples=k,
                                           refine=m != "policy-raw",
-                                          beam=width if m in ("policy", "policy-search")
-                                          else 1,
+                                          beam=width if m == "policy-beam" else 1,
                                           improve_evaluations=DEFAULT_EVALUATIONS
-                                          if m == "policy-search" else 0)
+                                          if m in ("policy", "policy-beam") else 0)
                     # The latency a user waits once the environment exists.
                     row.value_s, row.inference_s = pp.value, pp.latency_s
                 elif m == "exact" and isolate:
@@ -442,7 +441,7 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
     import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    markers = {"policy": "o", "policy-search": "*", "policy-greedy": "P", "policy-raw": "D",
+    markers = {"policy": "o", "policy-beam": "*", "policy-greedy": "P", "policy-raw": "D",
                "exact": "s", "metis": "^", "megatron": "v", "random": "x"}
     worst = 0.0
     for j, m in enumerate(result.methods):

@@ -425,15 +425,17 @@ def _cmd_suite_list(args: argparse.Namespace, console: Console) -> int:
 
 def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
-        "plan", help="plan with a trained policy in a fraction of a second",
-        description="Build a plan with a trained policy: a beam search over the policy's "
-                    "decisions in the plan-building environment (--beam 1: its single most "
-                    "likely masked rollout); the structures (stages, TP degrees, hosts) of "
-                    "the best finished plans are then kept while the exact layer-split "
-                    "search picks the best micro-batch count, recompute mode and layer split "
-                    "(--no-refine turns that off). Without --policy it uses the default "
-                    "policy shipped with hetpar. The plan is scored over --samples bandwidth "
-                    "states drawn with --seed, as 'hetpar solve' scores its plans.")
+        "plan", help="plan with a trained policy in about a second",
+        description="Build a plan with a trained policy: its single most likely masked "
+                    "rollout in the plan-building environment (--beam W: a beam search of "
+                    "that width over its decisions); the exact layer-split search then picks "
+                    "the best micro-batch count, recompute mode and layer split for the "
+                    "plan's structure (stages, TP degrees, hosts), and a local search over "
+                    "structures a few edits away, each completed exactly, looks for a better "
+                    "one (--no-improve skips it: the plan in tens of milliseconds). Without "
+                    "--policy it uses the default policy shipped with hetpar. The plan is "
+                    "scored over --samples bandwidth states drawn with --seed, as 'hetpar "
+                    "solve' scores its plans.")
     pl.add_argument("--policy", metavar="FILE",
                     help="policy file from 'hetpar train' (default: the shipped policy)")
     _add_instance_args(pl)
@@ -451,19 +453,22 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="time limit of the exact search for --compare exact")
     pl.add_argument("--beam", type=int, default=None, metavar="W",
-                    help="beam width of the search over the policy's decisions (default "
-                         "4; 1: the single most likely rollout, fastest)")
+                    help="beam width of the search over the policy's decisions (default 1: "
+                         "the single most likely rollout; 4 finds a better start now and "
+                         "then, at about 4x the inference time)")
     pl.add_argument("--no-refine", action="store_true",
-                    help="keep the rollout's plan as it is (no exact layer split)")
+                    help="keep the rollout's plan as it is (no exact layer split, no "
+                         "structure search)")
     pl.add_argument("--refine-steps", type=int, default=500, metavar="N",
                     help="search steps of the refinement at most (default 500, about 0.5 ms "
                          "each; a step budget gives the same plan on every machine)")
-    # "--improve" without N gives None (argparse converts a string const with type=int).
-    pl.add_argument("--improve", type=int, nargs="?", const=None, default=0, metavar="N",
-                    help="then search the structures one and two edits away (drop, merge, "
-                         "split, grow or shrink a stage, change its TP degree, swap two "
-                         "stages), each completed exactly, within N scored completions "
-                         "(without N: 200000, about a second on one core; deterministic)")
+    pl.add_argument("--improve", type=int, default=None, metavar="N",
+                    help="scored completions of the structure search at most (default "
+                         "200000, about a second on one core; a count, so the plan is the "
+                         "same on every machine; 0 turns it off)")
+    pl.add_argument("--no-improve", action="store_true",
+                    help="skip the structure search: the policy's refined plan in tens of "
+                         "milliseconds")
     pl.set_defaults(func=_cmd_plan)
 
     ev = sub.add_parser(
@@ -480,11 +485,12 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
     ev.add_argument("--methods", default="policy,exact,metis,megatron,random",
                     help="comma-separated methods (default policy,exact,metis,megatron,random; "
-                         "also policy-search: policy, then the structure local search of "
-                         "'hetpar plan --improve', policy-greedy: one rollout (beam 1) with "
-                         "refinement, and policy-raw: that rollout without refinement)")
+                         "policy is 'hetpar plan''s default: one rollout, refinement, "
+                         "structure search; also policy-beam: the same from a beam search "
+                         "(--beam), policy-greedy: the refined rollout without the structure "
+                         "search ('hetpar plan --no-improve'), policy-raw: the rollout alone)")
     ev.add_argument("--beam", type=int, default=None, metavar="W",
-                    help="beam width of the 'policy' method (default 4)")
+                    help="beam width of the 'policy-beam' method (default 4)")
     ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                     help="time limit of the exact search per instance (default 60)")
     ev.add_argument("--workers", type=int, default=1, metavar="N",
@@ -510,11 +516,13 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.refine_steps < 1:
         raise ConfigError("--refine-steps", "", f"must be at least 1, got {args.refine_steps}")
     beam = _beam_arg(args.beam)
-    if args.improve is None:
+    if args.improve is not None and args.improve < 0:
+        raise ConfigError("--improve", "", f"must be 0 (off) or more, got {args.improve}")
+    if args.no_improve or args.no_refine:
+        args.improve = 0
+    elif args.improve is None:
         from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
         args.improve = DEFAULT_EVALUATIONS
-    elif args.improve < 0:
-        raise ConfigError("--improve", "", f"must be 0 (off) or more, got {args.improve}")
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
@@ -604,10 +612,12 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _beam_arg(beam: int | None) -> int:
+def _beam_arg(beam: int | None, wide: bool = False) -> int:
+    """``--beam``, checked; by default ``hetpar plan``'s width, or with ``wide`` that of
+    ``hetpar evaluate``'s policy-beam."""
     if beam is None:
-        from hetpar.agents.planner import DEFAULT_BEAM
-        return DEFAULT_BEAM
+        from hetpar.agents.planner import DEFAULT_BEAM, WIDE_BEAM
+        return WIDE_BEAM if wide else DEFAULT_BEAM
     if beam < 1:
         raise ConfigError("--beam", "", f"must be at least 1, got {beam}")
     return beam
@@ -634,7 +644,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     if args.objective is not None:
         Objective.parse(args.objective)
-    beam = _beam_arg(args.beam)
+    beam = _beam_arg(args.beam, wide=True)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(str(out), "", "exists and is not a folder")

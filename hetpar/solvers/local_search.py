@@ -11,8 +11,10 @@ than the best plan so far (so most neighbours are bounded away in a few steps). 
 local optimum of single edits it looks two edits away before it stops: dropping a stage
 of slow GPUs often pays only once another stage's TP degree changes to hold its layers.
 Before the single edits it takes global moves while one improves (``global_moves``):
-drop every stage of one GPU type, add a stage over a type's idle GPUs, or coarsen the
-pipeline (``coarsenings``: runs of ..., 4, 2 consecutive stages merged).
+drop every stage of one GPU type, add a stage over a type's idle GPUs, coarsen the
+pipeline (``coarsenings``: runs of ..., 4, 2 consecutive stages merged), or start afresh
+from a site's GPUs (``site_seeds``: one wide stage, or one stage per host, over one GPU
+type within one of ``host_groups``, the clusters of hosts joined by fast routes).
 No structure is completed twice (targets only fall, so one that failed stays beaten).
 
 The budget is a count of scored completions (deterministic: the same plan on every
@@ -28,6 +30,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import networkx as nx
+import numpy as np
+
+from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
@@ -35,8 +41,8 @@ from hetpar.solvers.exact import Problem, make_bounds
 from hetpar.solvers.refine import complete_structure, refine_plan
 from hetpar.solvers.space import PlanSpace, StageChoice
 
-__all__ = ["Improvement", "coarsenings", "global_moves", "improve_structure",
-           "structure_neighbours"]
+__all__ = ["Improvement", "coarsenings", "global_moves", "host_groups", "improve_structure",
+           "site_seeds", "structure_neighbours"]
 
 Structure = tuple[StageChoice, ...]
 # Scored completions per climb: at most about a second on one core at 16 bandwidth samples
@@ -176,6 +182,60 @@ def global_moves(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
             yield from emit(stages + stage)
     for cand in coarsenings(space, stages):
         yield from emit(cand)
+    for cand in site_seeds(space):
+        yield from emit(cand)
+
+
+def host_groups(cluster: Cluster) -> tuple[tuple[int, ...], ...]:
+    """Nested groups of hosts joined by fast routes (single linkage on the routes'
+    bottleneck mean bandwidth): for each distinct bottleneck value, the connected
+    components of the hosts whose routes are at least that fast, whole cluster last.
+    Sites behind slow WAN links, racks behind an oversubscribed spine and single hosts
+    all come out without a threshold to tune."""
+    n = len(cluster.hosts)
+    means = np.array([link.bandwidth.mean() for link in cluster.links] + [np.inf])
+    bott = np.full((n, n), np.inf)
+    for i in range(n):
+        for j in range(n):
+            route = cluster.routes[i][j]
+            if i != j and route:
+                bott[i, j] = means[[ch // 2 for ch in route]].min()
+    groups: dict[tuple[int, ...], None] = {(h,): None for h in range(n)}
+    for theta in sorted({float(b) for b in bott[np.isfinite(bott)]}, reverse=True):
+        graph = nx.Graph()
+        graph.add_nodes_from(range(n))
+        graph.add_edges_from(zip(*np.nonzero(bott >= theta)))
+        for comp in nx.connected_components(graph):
+            groups.setdefault(tuple(sorted(int(h) for h in comp)), None)
+    groups.setdefault(tuple(range(n)), None)
+    return tuple(groups)
+
+
+def site_seeds(space: PlanSpace) -> Iterator[Structure]:
+    """Fresh starts from no plan's structure: for each ``host_groups`` group, GPU type in
+    it and TP degree, every GPU of the type there in one data-parallel stage, and (two
+    hosts or more) a pipeline of one stage per host. A policy that spread a pipeline over
+    sites, or split one host's GPUs into stages of mixed TP degrees, is many single edits
+    from a plan that keeps to one site or one wide stage; these are each one completion.
+    Replica counts are trimmed to divide the global batch."""
+    batch = space.training.global_batch
+    cap = space.capacity
+    for group in host_groups(space.cluster):
+        members = set(group)
+        for t in space.types:
+            for tp in space.tp_options[t]:
+                hosts = [h for h in space.eligible_hosts(t, tp) if h in members]
+                if not hosts:
+                    continue
+                wide = _even_replicas(space, [(t, tp, {h: cap[h] // tp for h in hosts})],
+                                      batch, grow=False)
+                if wide is not None:
+                    yield wide
+                if 1 < len(hosts) <= space.model.layers:
+                    deep = _even_replicas(space, [(t, tp, {h: cap[h] // tp}) for h in hosts],
+                                          batch, grow=False)
+                    if deep is not None:
+                        yield deep
 
 
 def coarsenings(space: PlanSpace, stages: Structure) -> Iterator[Structure]:

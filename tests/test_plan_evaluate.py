@@ -222,7 +222,7 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
             assert r["optimal"] == ("true" if m == "exact" else "false")
             assert int(r["gpus"]) >= 1 and int(r["hosts"]) >= 1 and r["model"]
         assert float(exact["gap"]) == 0.0
-        assert float(mine["policy"]["inference_s"]) > 0
+        assert 0 < float(mine["policy"]["inference_s"]) < float(mine["policy"]["wall_s"])
         # Refinement never makes the rollout's plan worse, nor the structure search the
         # refined plan, nor the beam (which keeps and refines the greedy rollout) it.
         assert float(mine["policy-greedy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])

@@ -210,7 +210,7 @@ def test_a_first_level_too_large_to_list_answers_with_the_seed_or_refuses():
     assert space.count_stage_choices(space.capacity) > MAX_FIRST_STAGES
     sol = solve(inst.cluster, inst.model, inst.training, method="exact", time_limit=2,
                 samples=4)
-    assert sol.found and sol.certificate.stopped == "time limit"
+    assert sol.found and sol.certificate.stopped == "space too large"
     assert 0 < sol.certificate.lower_bound <= sol.value
     with pytest.raises(HetparError, match="possible first stages"):
         solve(inst.cluster, inst.model, inst.training, method="exact", samples=4)

@@ -129,7 +129,7 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         floor = _compute_floor(cm)
         cert = Certificate(optimal=False, lower_bound=min(floor, seed_value), nodes=0,
                            leaves=0, space_size=float(first_level), space_size_exact=False,
-                           wall_s=wall, workers=workers, stopped="time limit")
+                           wall_s=wall, workers=workers, stopped="space too large")
         return Solution("exact", obj.name, seed.plan if seed.found else None, seed.estimate,
                         seed_value, wall, evaluations=0, certificate=cert)
     seed_plan = seed.plan if seed.found else None

@@ -32,7 +32,7 @@ class Certificate:
     space_size_exact: bool = False
     wall_s: float = 0.0
     workers: int = 1
-    stopped: str = ""  # "", "time limit" or "interrupted"
+    stopped: str = ""  # "", "time limit", "interrupted" or "space too large" (seed returned)
 
     @property
     def pruned_fraction(self) -> float:

@@ -462,7 +462,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--refine-steps", type=int, default=500, metavar="N",
                     help="search steps of the refinement at most (default 500, about 0.5 ms "
                          "each; a step budget gives the same plan on every machine)")
-    pl.add_argument("--improve", type=int, default=None, metavar="N",
+    # "--improve" without N (the default budget) is still accepted, as before stop 15.
+    pl.add_argument("--improve", type=int, nargs="?", const=None, default=None, metavar="N",
                     help="scored completions of the structure search at most (default "
                          "200000, about a second on one core; a count, so the plan is the "
                          "same on every machine; 0 turns it off)")

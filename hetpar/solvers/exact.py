@@ -873,11 +873,11 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
     for _ in range(probes):
         free, prefix, weight, total = space.capacity, (), 1.0, 0.0
         while len(prefix) < layers:
-            choices = list(space.stage_choices(free))
-            if not choices:
+            n = space.count_stage_choices(free)
+            if not n:
                 break
-            weight *= len(choices)
-            st = choices[int(rng.integers(len(choices)))]
+            weight *= n
+            st = space.stage_choice_at(free, int(rng.integers(n)))
             prefix = prefix + (st,)
             free = space.take(free, st)
             total += weight * leaf_weight(prefix)

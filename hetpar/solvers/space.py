@@ -17,6 +17,7 @@ a class's hosts is in non-increasing lexicographic order (``SymmetryCheck``).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -117,6 +118,32 @@ class PlanSpace:
                     n *= free[h] // tp + 1
                 total += n - 1
         return total
+
+    def stage_choice_at(self, free: Sequence[int], index: int) -> StageChoice:
+        """``list(stage_choices(free))[index]`` without listing them: a random probe of
+        the stage tree draws from hundreds of thousands of first stages on clusters of
+        many identical hosts, where listing them took seconds per draw."""
+        if index < 0:
+            raise IndexError(index)
+        for gpu_type in self.types:
+            for tp in self.tp_options[gpu_type]:
+                hosts = [h for h in self.eligible_hosts(gpu_type, tp) if free[h] >= tp]
+                radices = [free[h] // tp + 1 for h in hosts]
+                size = math.prod(radices) - 1  # every count vector but all zeros
+                if index >= size:
+                    index -= size
+                    continue
+                # itertools.product order: the last host's count varies fastest, and the
+                # all-zero vector (skipped) comes first.
+                rest, counts = index + 1, []
+                for r in reversed(radices):
+                    rest, c = divmod(rest, r)
+                    counts.append(c)
+                counts.reverse()
+                used = [(h, c) for h, c in zip(hosts, counts) if c]
+                return StageChoice(gpu_type, tp, tuple(h for h, _ in used),
+                                   tuple(c for _, c in used))
+        raise IndexError(index)
 
     @staticmethod
     def take(free: Sequence[int], stage: StageChoice) -> tuple[int, ...]:

@@ -96,6 +96,19 @@ class Cluster:
             out[:, i] = link.bandwidth.sample(rng, k)
         return out
 
+    def route_link_indices(self) -> np.ndarray:
+        """(hosts, hosts, longest route) link indices of each host-to-host route, padded
+        with ``len(links)`` (index a link table with a sentinel appended, e.g. infinite
+        bandwidth), for vectorised minima over routes."""
+        n, pad = len(self.hosts), len(self.links)
+        longest = max((len(self.routes[i][j]) for i in range(n) for j in range(n)), default=1)
+        out = np.full((n, n, max(longest, 1)), pad, dtype=np.intp)
+        for i in range(n):
+            for j in range(n):
+                route = self.routes[i][j]
+                out[i, j, :len(route)] = [ch // 2 for ch in route]
+        return out
+
     def mean_link_bandwidth(self) -> np.ndarray:
         """Expected bandwidth of each link in Gb/s (one row: the 'typical' state)."""
         return np.array([[link.bandwidth.mean() for link in self.links]])

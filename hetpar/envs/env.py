@@ -60,7 +60,7 @@ from hetpar.costmodel.objective import Objective
 from hetpar.envs.actions import KINDS, RECOMPUTE_MODES, ZERO_STAGES, ActionLayout
 from hetpar.envs.context import InstanceContext, log_scale
 from hetpar.envs.feasibility import bits_upto
-from hetpar.envs.observation import (observation_space, pair_features, route_links,
+from hetpar.envs.observation import (observation_space, pair_features,
                                      static_globals, static_host_features)
 from hetpar.envs.sources import InstanceSource, as_source
 from hetpar.envs.types import Instance
@@ -173,7 +173,7 @@ class PlanBuilderEnv(gym.Env):
 
     def _install(self, index: int, ctx: InstanceContext) -> None:
         self._cache[index] = ctx
-        routes = route_links(ctx)
+        routes = ctx.cluster.route_link_indices()
         self._routes[index] = routes
         self._static[index] = (static_host_features(ctx, self.max_hosts),
                                pair_features(ctx, self.max_hosts, None, routes=routes),

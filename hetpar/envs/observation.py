@@ -14,7 +14,7 @@ from gymnasium import spaces
 from hetpar.envs.context import InstanceContext, log_scale
 
 __all__ = ["HOST_FEATURES", "PAIR_FEATURES", "GLOBAL_FEATURES", "observation_space",
-           "static_host_features", "static_globals", "pair_features", "route_links"]
+           "static_host_features", "static_globals", "pair_features"]
 
 HOST_FEATURES = (
     "peak_tflops", "effective_tflops", "usable_memory", "hbm_bandwidth", "gpus",
@@ -80,20 +80,6 @@ def static_globals(ctx: InstanceContext, max_hosts: int, max_layers: int,
     return g
 
 
-def route_links(ctx: InstanceContext) -> np.ndarray:
-    """(n, n, longest route) link indices of each host-to-host route, padded with
-    ``len(links)`` (a sentinel entry of infinite bandwidth), for vectorised minima."""
-    cluster = ctx.cluster
-    n, pad = len(cluster.hosts), len(cluster.links)
-    longest = max((len(cluster.routes[i][j]) for i in range(n) for j in range(n)), default=1)
-    out = np.full((n, n, max(longest, 1)), pad, dtype=np.intp)
-    for i in range(n):
-        for j in range(n):
-            route = cluster.routes[i][j]
-            out[i, j, :len(route)] = [ch // 2 for ch in route]
-    return out
-
-
 def _log_scale(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     v = (np.log10(np.maximum(x, 1e-12)) - np.log10(lo)) / (np.log10(hi) - np.log10(lo))
     return np.clip(v, 0.0, 1.0)
@@ -105,10 +91,11 @@ def pair_features(ctx: InstanceContext, max_hosts: int, draw: np.ndarray | None,
     """Route features between hosts: bottleneck mean, its variability, the bandwidth of
     this episode's draw (the mean in robust mode) and the latency. The diagonal describes
     the host's own scale-up fabric. With ``static`` (the features without a draw) and
-    ``routes`` (``route_links``) only the draw channel is recomputed: once per episode."""
+    ``routes`` (``Cluster.route_link_indices``) only the draw channel is recomputed: once
+    per episode."""
     cluster = ctx.cluster
     n = len(cluster.hosts)
-    routes = route_links(ctx) if routes is None else routes
+    routes = cluster.route_link_indices() if routes is None else routes
     if static is None:
         means = np.array([link.bandwidth.mean() for link in cluster.links] + [np.inf])
         cvs = np.array([link.bandwidth.cv() for link in cluster.links] + [0.0])

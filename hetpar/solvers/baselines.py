@@ -515,24 +515,21 @@ def _random_stage(space: PlanSpace, free: Sequence[int], types: Sequence[str], l
     batch = space.training.global_batch
     options = []  # (type, tp, hosts, ranges, prefix polynomials)
     cells = []  # (option, d, log count)
-    for t in types:
-        for tp in space.tp_options[t]:
-            hosts = [h for h in space.eligible_hosts(t, tp) if free[h] >= tp]
-            if not hosts:
-                continue
-            ranges = [free[h] // tp for h in hosts]
-            polys = [np.ones(1)]
-            logscale = 0.0
-            for r in ranges:
-                q = np.convolve(polys[-1], np.ones(r + 1))
-                top = q.max()
-                polys.append(q / top)
-                logscale += math.log(top)
-            last = polys[-1]
-            for d in range(1, len(last)):
-                if last[d] > 0 and batch % math.lcm(lcm, d) == 0:
-                    cells.append((len(options), d, math.log(last[d]) + logscale))
-            options.append((t, tp, hosts, ranges, polys))
+    for t, tp, hosts, ranges in space.stage_groups(free, types):
+        if not hosts:
+            continue
+        polys = [np.ones(1)]
+        logscale = 0.0
+        for r in ranges:
+            q = np.convolve(polys[-1], np.ones(r + 1))
+            top = q.max()
+            polys.append(q / top)
+            logscale += math.log(top)
+        last = polys[-1]
+        for d in range(1, len(last)):
+            if last[d] > 0 and batch % math.lcm(lcm, d) == 0:
+                cells.append((len(options), d, math.log(last[d]) + logscale))
+        options.append((t, tp, hosts, ranges, polys))
     if not cells:
         return None
     logw = np.array([c[2] for c in cells])
@@ -549,8 +546,7 @@ def _random_stage(space: PlanSpace, free: Sequence[int], types: Sequence[str], l
         counts[j] = c
         left -= c
     assert left == 0
-    used = [(h, c) for h, c in zip(hosts, counts) if c]
-    return StageChoice(t, tp, tuple(h for h, _ in used), tuple(c for _, c in used))
+    return space.stage_from_counts(t, tp, hosts, counts)
 
 
 def random(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 0,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import networkx as nx
@@ -155,13 +155,15 @@ def structure_neighbours(space: PlanSpace, stages: Structure) -> Iterator[Struct
             yield from emit(stages[:i] + (nxt, st) + stages[i + 2:])
 
 
-def global_moves(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
+def global_moves(space: PlanSpace, stages: Structure,
+                 seeds: Iterable[Structure] | None = None) -> Iterator[Structure]:
     """Structures far from ``stages`` in single edits, for the climb's first phase: every
     stage of one GPU type dropped (a slow type, or a site behind a slow link, that the
     pipeline is faster without), one stage added at either end over all the free GPUs of
     a type (GPUs the plan leaves idle), at each of the type's TP degrees that they
-    allow, and the ``coarsenings``. Each is within the space's stage rules; replica
-    counts of new stages divide the global batch."""
+    allow, the ``coarsenings``, and ``seeds`` (default: the ``site_seeds``, which do not
+    depend on ``stages``: a climb lists them once). Each is within the space's stage
+    rules; replica counts of new stages divide the global batch."""
     emit = _emitter(space, stages)
 
     types = list(dict.fromkeys(st.gpu_type for st in stages))
@@ -182,7 +184,7 @@ def global_moves(space: PlanSpace, stages: Structure) -> Iterator[Structure]:
             yield from emit(stages + stage)
     for cand in coarsenings(space, stages):
         yield from emit(cand)
-    for cand in site_seeds(space):
+    for cand in site_seeds(space) if seeds is None else seeds:
         yield from emit(cand)
 
 
@@ -194,12 +196,8 @@ def host_groups(cluster: Cluster) -> tuple[tuple[int, ...], ...]:
     all come out without a threshold to tune."""
     n = len(cluster.hosts)
     means = np.array([link.bandwidth.mean() for link in cluster.links] + [np.inf])
-    bott = np.full((n, n), np.inf)
-    for i in range(n):
-        for j in range(n):
-            route = cluster.routes[i][j]
-            if i != j and route:
-                bott[i, j] = means[[ch // 2 for ch in route]].min()
+    bott = means[cluster.route_link_indices()].min(axis=2)
+    np.fill_diagonal(bott, np.inf)
     groups: dict[tuple[int, ...], None] = {(h,): None for h in range(n)}
     for theta in sorted({float(b) for b in bott[np.isfinite(bott)]}, reverse=True):
         graph = nx.Graph()
@@ -378,8 +376,9 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     # Global moves first while one improves: a few completions can remove most of a deep
     # pipeline's stages, a whole GPU type or site, or put idle GPUs to work, which single
     # edits would do one full scan of neighbours at a time.
+    seeds = tuple(site_seeds(space))
     while not spent():
-        found = scan(current, global_moves(space, current))
+        found = scan(current, global_moves(space, current, seeds))
         if found is None:
             break
         best_plan, best, current = found

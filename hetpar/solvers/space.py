@@ -96,28 +96,35 @@ class PlanSpace:
         return tuple(i for i in self.hosts_of_type[gpu_type]
                      if self.cluster.hosts[i].num_gpus % tp == 0)
 
+    def stage_groups(self, free: Sequence[int], types: Sequence[str] | None = None,
+                     ) -> Iterator[tuple[str, int, tuple[int, ...], tuple[int, ...]]]:
+        """(GPU type, TP degree, hosts, room): for each type (of ``types``, in that order;
+        default all) and degree, the eligible hosts with a block free and how many blocks
+        each has room for. The stage choices of a group are its nonzero block-count
+        vectors up to ``room`` (``stage_from_counts``)."""
+        for gpu_type in self.types if types is None else types:
+            for tp in self.tp_options[gpu_type]:
+                hosts = tuple(h for h in self.eligible_hosts(gpu_type, tp) if free[h] >= tp)
+                yield gpu_type, tp, hosts, tuple(free[h] // tp for h in hosts)
+
+    @staticmethod
+    def stage_from_counts(gpu_type: str, tp: int, hosts: Sequence[int],
+                          counts: Sequence[int]) -> StageChoice:
+        """The stage of ``counts[j]`` blocks from ``hosts[j]`` (zero counts left out)."""
+        used = [(h, c) for h, c in zip(hosts, counts) if c]
+        return StageChoice(gpu_type, tp, tuple(h for h, _ in used), tuple(c for _, c in used))
+
     def stage_choices(self, free: Sequence[int]) -> Iterator[StageChoice]:
         """Every stage that fits in the ``free`` GPUs per host (no symmetry reduction)."""
-        for gpu_type in self.types:
-            for tp in self.tp_options[gpu_type]:
-                hosts = [h for h in self.eligible_hosts(gpu_type, tp) if free[h] >= tp]
-                ranges = [range(free[h] // tp + 1) for h in hosts]
-                for counts in itertools.product(*ranges):
-                    if any(counts):
-                        used = [(h, c) for h, c in zip(hosts, counts) if c]
-                        yield StageChoice(gpu_type, tp, tuple(h for h, _ in used),
-                                          tuple(c for _, c in used))
+        for gpu_type, tp, hosts, room in self.stage_groups(free):
+            for counts in itertools.product(*(range(r + 1) for r in room)):
+                if any(counts):
+                    yield self.stage_from_counts(gpu_type, tp, hosts, counts)
 
     def count_stage_choices(self, free: Sequence[int]) -> int:
         """How many stages ``stage_choices(free)`` yields, without listing them."""
-        total = 0
-        for gpu_type in self.types:
-            for tp in self.tp_options[gpu_type]:
-                n = 1
-                for h in self.eligible_hosts(gpu_type, tp):
-                    n *= free[h] // tp + 1
-                total += n - 1
-        return total
+        return sum(math.prod(r + 1 for r in room) - 1
+                   for _, _, _, room in self.stage_groups(free))
 
     def stage_choice_at(self, free: Sequence[int], index: int) -> StageChoice:
         """``list(stage_choices(free))[index]`` without listing them: a random probe of
@@ -125,24 +132,18 @@ class PlanSpace:
         many identical hosts, where listing them took seconds per draw."""
         if index < 0:
             raise IndexError(index)
-        for gpu_type in self.types:
-            for tp in self.tp_options[gpu_type]:
-                hosts = [h for h in self.eligible_hosts(gpu_type, tp) if free[h] >= tp]
-                radices = [free[h] // tp + 1 for h in hosts]
-                size = math.prod(radices) - 1  # every count vector but all zeros
-                if index >= size:
-                    index -= size
-                    continue
-                # itertools.product order: the last host's count varies fastest, and the
-                # all-zero vector (skipped) comes first.
-                rest, counts = index + 1, []
-                for r in reversed(radices):
-                    rest, c = divmod(rest, r)
-                    counts.append(c)
-                counts.reverse()
-                used = [(h, c) for h, c in zip(hosts, counts) if c]
-                return StageChoice(gpu_type, tp, tuple(h for h, _ in used),
-                                   tuple(c for _, c in used))
+        for gpu_type, tp, hosts, room in self.stage_groups(free):
+            size = math.prod(r + 1 for r in room) - 1  # every count vector but all zeros
+            if index >= size:
+                index -= size
+                continue
+            # itertools.product order: the last host's count varies fastest, and the
+            # all-zero vector (skipped) comes first.
+            rest, counts = index + 1, []
+            for r in reversed(room):
+                rest, c = divmod(rest, r + 1)
+                counts.append(c)
+            return self.stage_from_counts(gpu_type, tp, hosts, counts[::-1])
         raise IndexError(index)
 
     @staticmethod

@@ -46,6 +46,23 @@ def _ends_knapsack(items: list[tuple[int, int, float]], capacity: int) -> list[l
                     row[e] = prev[e - ends] + value
     return best
 
+def _greedy(items: list[tuple[float, float]], layers: int, pool_cost: float,
+            pool_room: float) -> float:
+    """Least ``sum a n`` placing ``layers`` layers: every stage of ``items`` ((a, cap),
+    by increasing ``a``) holds one, then the cheapest slots are filled first, the pool's
+    ``pool_room`` layers at ``pool_cost`` each."""
+    total = sum(a for a, _ in items)
+    left = layers - len(items)
+    merged = sorted([(a, cap - 1) for a, cap in items] + [(pool_cost, pool_room)])
+    for a, room in merged:
+        take = min(left, room)
+        total += a * take
+        left -= take
+        if left <= 0:
+            break
+    return total
+
+
 def _dedupe(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """Knapsack items (GPUs, sides, layers): only the most layers per (GPUs, sides)."""
     best: dict[tuple[int, int], int] = {}
@@ -987,13 +1004,22 @@ class Bounds:
             if first is None:
                 return False
 
-            def fill(j: int) -> float:
+            def fill(j: int, need: float = math.inf) -> float:
                 return self._fill(profs, icpt, slope, grid[j], m, rc, pool, floor,
-                                  last_hosts, e_hosts)
+                                  last_hosts, e_hosts, need)
 
             lo_j, hi_j = first - 1, self.GRID  # fill(lo_j) inf (or none), fill(hi_j) ?
-            top = fill(hi_j)
+            top = fill(hi_j, room - grid[hi_j - 1])
             if not math.isfinite(top):
+                return False
+            if grid[hi_j - 1] + top < room:
+                return True  # (no lower threshold needs checking)
+            # fill only falls as the threshold grows, so no threshold j passes once
+            # grid[j-1] + top >= room: only the grid points below that are tried.
+            last_j = hi_j - 1
+            while last_j >= 1 and grid[last_j - 1] + top >= room:
+                last_j -= 1
+            if last_j < first:
                 return False
             while hi_j - lo_j > 1:
                 mid = (lo_j + hi_j) // 2
@@ -1001,9 +1027,8 @@ class Bounds:
                     hi_j = mid
                 else:
                     lo_j = mid
-            for j in range(hi_j, self.GRID + 1):
-                value = top if j == self.GRID else fill(j)
-                if grid[j - 1] + value < room:
+            for j in range(hi_j, last_j + 1):
+                if grid[j - 1] + fill(j, room - grid[j - 1]) < room:
                     return True
             return False
 
@@ -1060,10 +1085,14 @@ class Bounds:
     def _fill(self, profiles: list[StageProfile], icpt: list[float], slope: list[float],
               tau: float, m: int, rc: str, pool, floor: float = 0.0,
               last_hosts: frozenset[int] | None = None,
-              entry_hosts: frozenset[int] | None = None) -> float:
+              entry_hosts: frozenset[int] | None = None, need: float = math.inf) -> float:
         """Least ``sum a_i n_i`` placing every layer with each stage's term
         ``slope_i n_i + icpt_i`` under threshold ``tau`` (inf if impossible); with a
-        ``floor`` under the data-parallel phase, also ``(M-1) u_i + floor`` (``_capacity``)."""
+        ``floor`` under the data-parallel phase, also ``(M-1) u_i + floor`` (``_capacity``).
+
+        ``need``: the caller only asks whether the fill is below it, so a cheaper lower
+        bound of the fill is returned as soon as one reaches it (the crossing-aware pool
+        capacities, most of a node's time, are then never computed)."""
         L = self.layers
         caps = []
         for p, ic, sl in zip(profiles, icpt, slope):
@@ -1087,6 +1116,14 @@ class Bounds:
             step = target / (4 * self.GRID)
             floor = step * math.floor(floor / step) if floor > 0 else 0.0
             extra = sum(self.knapsack(t, g, m, rc, key_tau, floor) for t, g in pool_types)
+            if math.isfinite(need):
+                if sum(caps) + extra < L:
+                    return math.inf
+                # The finer capacities below only lower ``extra``, which only raises the
+                # greedy; and the Lagrangian prices pool layers at no less than pool_a.
+                cheap = _greedy(items, L, pool_a, extra)
+                if cheap >= need:
+                    return cheap
             # Only while the layers still fit are the finer, crossing-aware capacities
             # worth their cost; each is an upper bound, so the least of them is one.
             if extra + sum(caps) >= L and len(pool_types) > 1:
@@ -1099,16 +1136,7 @@ class Bounds:
             return math.inf
 
         def greedy(pool_cost: float) -> float:
-            total = sum(a for a, _ in items)
-            left = L - len(items)
-            merged = sorted([(a, cap - 1) for a, cap in items] + [(pool_cost, extra)])
-            for a, room in merged:
-                take = min(left, room)
-                total += a * take
-                left -= take
-                if left <= 0:
-                    break
-            return total
+            return _greedy(items, L, pool_cost, extra)
 
         if pool is None or extra <= 0:
             return greedy(pool_a)

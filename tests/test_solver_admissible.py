@@ -18,6 +18,7 @@ from hetpar.cluster import parse_cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.solvers.brute import compositions, skeletons
+from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import Problem, make_bounds
 from hetpar.solvers.space import PlanSpace
 from hetpar.workload import parse_model, parse_training
@@ -202,4 +203,125 @@ def test_tied_and_spread_floors_are_below_the_data_parallel_phase(seed):
                 tfree = tuple(free[h] for h in space.hosts_of_type[t])
                 assert bounds.spread_share(t, tfree) * spread <= slack, (k, stages, t)
         checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 3))
+def test_pool_crossings_are_below_the_cost_models_transfers(seed):
+    """The crossings charged to the stages still to build (``pool_capacities``' q half
+    crossings at ``pool_adjacency_time`` each) never exceed the transfers the cost model
+    gives their boundaries: r host runs on distinct hosts and x spread runs in one
+    sequence have at least ``_adjacency_units(r, y)`` half crossings for some y <= x."""
+    cluster, model, training, objective = small_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+    rng = np.random.default_rng(seed)
+    skel = [s for s in skeletons(space, cm.model.layers) if len(s) >= 2]
+    if len(skel) > 300:
+        skel = [skel[i] for i in rng.choice(len(skel), 300, replace=False)]
+    checked = 0
+    for stages in skel:
+        for m in space.micro_batch_options([s.dp for s in stages]):
+            free = space.capacity
+            for k in range(1, len(stages)):
+                free = space.take(free, stages[k - 1])
+                rest = stages[k:]
+                real = sum(bounds.boundary(x, y, m) for x, y in zip(rest, rest[1:]))
+                hosts = {st.hosts[0] for st in rest if len(st.hosts) == 1}
+                spread_runs = sum(1 for i, st in enumerate(rest) if len(st.hosts) > 1
+                                  and (i == 0 or len(rest[i - 1].hosts) == 1))
+                units = min(Bounds._adjacency_units(len(hosts), y)
+                            for y in range(min(spread_runs, 1), spread_runs + 1))
+                charged = units * bounds.pool_adjacency_time(free, m)
+                assert charged <= real * (1 + 1e-9) + 1e-12, (k, stages, m, charged, real)
+                checked += 1
+    assert checked > 0
+
+
+def test_adjacency_units_are_the_fewest_half_crossings():
+    """Over every sequence of r host runs (on distinct hosts) and y spread runs (never
+    two spread runs side by side: they would be one run), the fewest half
+    crossings (two per boundary between host runs, one per boundary touching a spread
+    run) is at least ``_adjacency_units``, and equal for some sequence."""
+    import itertools
+
+    for r in range(0, 5):
+        for y in range(0, 4):
+            best = math.inf
+            for seq in set(itertools.permutations("h" * r + "s" * y)):
+                if any(a == b == "s" for a, b in zip(seq, seq[1:])):
+                    continue
+                units = sum(2 if a == b == "h" else 1 for a, b in zip(seq, seq[1:]))
+                best = min(best, units)
+            if math.isfinite(best):
+                assert Bounds._adjacency_units(r, y) <= best, (r, y)
+                assert Bounds._adjacency_units(r, y) == best, (r, y)
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 5))
+def test_spread_total_is_the_multi_tables_largest_entry(seed):
+    cluster, model, training, objective = small_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+    rng = np.random.default_rng(seed)
+    for t in space.types:
+        cap = tuple(space.capacity[h] for h in space.hosts_of_type[t])
+        for _ in range(10):
+            free = tuple(int(rng.integers(0, c + 1)) for c in cap)
+            if not sum(free):
+                continue
+            m = int(rng.choice(space.micro_batch_options([1])))
+            rc = space.recompute_modes[0]
+            budget = float(rng.uniform(0.01, 2.0))
+            floor = float(rng.choice([0.0, rng.uniform(0.0, 0.5)]))
+            table = bounds._multi_table(t, free, m, rc, budget, 3, floor)
+            assert bounds._spread_total(t, free, m, rc, budget, floor) == max(table[sum(free)])
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 5))
+def test_fill_asked_against_a_need_decides_as_the_full_fill(seed):
+    """``_fill(..., need)`` may stop at a cheaper bound, but only once that bound reaches
+    ``need``: it is never above the full fill, and below ``need`` exactly when it is."""
+    cluster, model, training, objective = small_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+    rng = np.random.default_rng(seed)
+    skel = [s for s in skeletons(space, cm.model.layers) if len(s) >= 2]
+    checked = 0
+    for i in rng.choice(len(skel), min(len(skel), 60), replace=False):
+        stages = skel[i]
+        k = int(rng.integers(1, len(stages)))
+        prefix = tuple(stages[:k])
+        free = space.capacity
+        for st in prefix:
+            free = space.take(free, st)
+        ms = space.micro_batch_options([s.dp for s in prefix])
+        if not ms:
+            continue
+        m = int(rng.choice(ms))
+        rc = space.recompute_modes[0]
+        profs = [bounds.profile(st, m, rc, j, k, j == 0, False) for j, st in enumerate(prefix)]
+        if any(p is None for p in profs):
+            continue
+        pool_types = [(t, tuple(free[h] for h in space.hosts_of_type[t])) for t in space.types]
+        pool_types = [(t, g) for t, g in pool_types if any(g)]
+        if not pool_types:
+            continue
+        pool_a = bounds.pool_min_layer_time(pool_types, m, rc)
+        target = float(rng.uniform(0.05, 3.0))
+        pool = (pool_types, pool_a, target, free, True, True)
+        icpt = [(m - 1) * p.b + p.d0 for p in profs]
+        slope = [(m - 1) * p.a + p.d for p in profs]
+        for tau in np.linspace(0.0, target, 7)[1:]:
+            full = bounds._fill(profs, icpt, slope, float(tau), m, rc, pool)
+            for need in (0.5 * full, full, 1.5 * full + 1e-6, float(rng.uniform(0, 0.5))):
+                if not math.isfinite(need):
+                    continue
+                quick = bounds._fill(profs, icpt, slope, float(tau), m, rc, pool, need=need)
+                assert quick <= full * (1 + 1e-12) + 1e-15
+                assert (quick < need) == (full < need), (tau, need, quick, full)
+                checked += 1
     assert checked > 0

@@ -487,9 +487,43 @@ class Bounds:
         hit = self._knap.get(key)
         if hit is not None:
             return hit
-        hosts = self.space.hosts_of_type[gpu_type]
         total = sum(free)
-        items = []  # (GPUs, paid sides, layers)
+        items = self._spread_items(gpu_type, free, m, rc, budget, floor)
+        neg = -math.inf
+        most_e = 2 * most
+        # best[g][(x, e)]: x spread stages (capped at ``most``), e paid sides (capped)
+        best: list[dict[tuple[int, int], float]] = [dict() for _ in range(total + 1)]
+        best[0][(0, 0)] = 0.0
+        for g in range(1, total + 1):
+            row = best[g]
+            for w, ends, value in items:
+                if w > g:
+                    continue
+                for (x, e), v in best[g - w].items():
+                    x1, e1 = x + 1, e + ends
+                    k = (x1 if x1 < most else most, e1 if e1 < most_e else most_e)
+                    w1 = v + value
+                    if w1 > row.get(k, neg):
+                        row[k] = w1
+        out = [[neg] * (most + 1) for _ in range(total + 1)]
+        for g in range(total + 1):
+            row = out[g]
+            if g:
+                row[:] = out[g - 1]  # GPUs may stay idle
+            row[0] = 0.0
+            for (x, e), v in best[g].items():
+                c = min(x, e // 2 + 1)
+                if v > row[c]:
+                    row[c] = v
+        self._knap[key] = out
+        return out
+
+    def _spread_items(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                      budget: float, floor: float) -> list[tuple[int, int, int]]:
+        """(GPUs, paid sides, most layers) of every stage shape of the type spread over
+        two or more hosts with room, without the dominated ones."""
+        hosts = self.space.hosts_of_type[gpu_type]
+        items = []
         for tp in self.space.tp_options[gpu_type]:
             ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
             blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
@@ -506,33 +540,29 @@ class Bounds:
                                            budget, m, floor)
                     if value > 0:
                         items.append((tp * dp, ends, value))
-        items = _dedupe(items)
-        neg = -math.inf
-        most_e = 2 * most
-        # best[g][(x, e)]: x spread stages (capped at ``most``), e paid sides (capped)
-        best: list[dict[tuple[int, int], float]] = [dict() for _ in range(total + 1)]
-        best[0][(0, 0)] = 0.0
+        return _dedupe(items)
+
+    def _spread_total(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                      budget: float, floor: float) -> float:
+        """Most layers spread stages of the type can hold at all: ``_multi_table``'s
+        largest entry, by a knapsack over GPUs alone (no runs or sides to track)."""
+        key = ("spread_total", gpu_type, free, m, rc, budget, floor)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        total = sum(free)
+        items = {}
+        for w, _, value in self._spread_items(gpu_type, free, m, rc, budget, floor):
+            items[w] = max(items.get(w, 0), value)
+        best = [0] * (total + 1)
         for g in range(1, total + 1):
-            row = best[g]
-            for w, ends, value in items:
-                if w > g:
-                    continue
-                for (x, e), v in best[g - w].items():
-                    k = (min(most, x + 1), min(most_e, e + ends))
-                    if v + value > row.get(k, neg):
-                        row[k] = v + value
-        out = [[neg] * (most + 1) for _ in range(total + 1)]
-        for g in range(total + 1):
-            row = out[g]
-            if g:
-                row[:] = out[g - 1]  # GPUs may stay idle
-            row[0] = 0.0
-            for (x, e), v in best[g].items():
-                c = min(x, e // 2 + 1)
-                if v > row[c]:
-                    row[c] = v
-        self._knap[key] = out
-        return out
+            v = best[g - 1]
+            for w, value in items.items():
+                if w <= g and best[g - w] + value > v:
+                    v = best[g - w] + value
+            best[g] = v
+        self._knap[key] = best[total]
+        return best[total]
 
     def spread_share(self, gpu_type: str, free: tuple[int, ...]) -> float:
         """Least seconds of the data-parallel phase per layer held by stages of the type
@@ -579,9 +609,8 @@ class Bounds:
             return hit
 
         def admits(x: int) -> bool:
-            table = self._multi_table(gpu_type, free, m, rc, budget, most,
-                                      max(floor, kappa * x))
-            return max(table[total]) >= x
+            return self._spread_total(gpu_type, free, m, rc, budget,
+                                      max(floor, kappa * x)) >= x
 
         lo, hi = 0, int(min(top, self.layers))  # admits(0) holds; find the largest x
         if admits(hi):
@@ -601,8 +630,20 @@ class Bounds:
                       last_hosts: frozenset[int] | None = None,
                       entry_hosts: frozenset[int] | None = None) -> float:
         """Most layers the stages still to be built from the ``free`` GPUs can hold under
-        a threshold ``budget`` on ``(M-1)(a n + b + crossings) + d n``, counting the
-        transfers between hosts that their order forces.
+        a threshold ``budget``, whatever their crossings (``pool_capacities``)."""
+        return self.pool_capacities(free, m, rc, budget, entry_free, floor, last_hosts,
+                                    entry_hosts)[-1][1]
+
+    def pool_capacities(self, free: tuple[int, ...], m: int, rc: str, budget: float,
+                        entry_free: bool, floor: float = 0.0,
+                        last_hosts: frozenset[int] | None = None,
+                        entry_hosts: frozenset[int] | None = None,
+                        ) -> tuple[tuple[int, float], ...]:
+        """``(q, layers)`` pairs, by increasing ``q``: the stages still to be built from
+        the ``free`` GPUs hold at most ``layers`` layers under a threshold ``budget`` on
+        ``(M-1)(a n + b + crossings) + d n`` when at least ``q`` of their boundaries are
+        crossings between hosts (each adds a round trip to the pipeline's fill), counting
+        the transfers between hosts that their order forces.
 
         Relaxation: every such stage lies on one host, or spreads over several hosts of
         its type (its all-reduce then crosses hosts). Stages on one host form one run per
@@ -662,19 +703,21 @@ class Bounds:
                 nxt: list[dict[tuple[int, int, int, int, int], float]] = [
                     dict(d) for d in runs]
                 sizes = range(1, f + 1) if spread else (f,)
+                # (GPUs, paid ends, layers, pays no side, deficits) of each run it may hold
+                entries = [(g, ends, table[g][ends], int(ends == 0),
+                            2 - ends if off else 0, 2 - ends if off_entry else 0)
+                           for g in sizes for ends in range(3) if table[g][ends] != neg]
                 for g0 in range(used + 1):
                     for (r, e, z, nd, ne), v in runs[g0].items():
-                        for g in sizes:
-                            for ends in range(3):
-                                val = table[g][ends]
-                                if val == neg:
-                                    continue
-                                k = (r + 1, e + ends, z | (ends == 0),
-                                     min(3, nd + (2 - ends if off else 0)),
-                                     min(3, ne + (2 - ends if off_entry else 0)))
-                                cell = nxt[g0 + g if spread else 0]
-                                if v + val > cell.get(k, neg):
-                                    cell[k] = v + val
+                        r1 = r + 1
+                        for g, ends, val, z0, dnd, dne in entries:
+                            x_nd, x_ne = nd + dnd, ne + dne
+                            k = (r1, e + ends, z | z0, x_nd if x_nd < 3 else 3,
+                                 x_ne if x_ne < 3 else 3)
+                            cell = nxt[g0 + g] if spread else nxt[0]
+                            w = v + val
+                            if w > cell.get(k, neg):
+                                cell[k] = w
                 runs = nxt
                 if spread:
                     used += f
@@ -691,10 +734,12 @@ class Bounds:
             merged: dict[Key, float] = {}
             for (r1, e1, x1, z1, d1, n1), v1 in combined.items():
                 for (r2, e2, x2, z2, d2, n2), v2 in per_type.items():
-                    k = (r1 + r2, e1 + e2, min(most_x, x1 + x2), z1 | z2, min(3, d1 + d2),
-                         min(3, n1 + n2))
-                    if v1 + v2 > merged.get(k, neg):
-                        merged[k] = v1 + v2
+                    x, d, n = x1 + x2, d1 + d2, n1 + n2
+                    k = (r1 + r2, e1 + e2, x if x < most_x else most_x, z1 | z2,
+                         d if d < 3 else 3, n if n < 3 else 3)
+                    w = v1 + v2
+                    if w > merged.get(k, neg):
+                        merged[k] = w
             combined = merged
         # Deficits allowed off last_hosts (only the continuation's side, if it may lie
         # there) and off entry_hosts (only the last run's side, if it may lie there).
@@ -704,15 +749,63 @@ class Bounds:
             last_hosts is None or not last_hosts <= entry_hosts)
         same_one = (entry_hosts is not None and last_hosts is not None
                     and len(entry_hosts) == 1 and entry_hosts == last_hosts)
-        best = 0.0
+        by_charge: dict[int, float] = {}
         for (r, e, x, z, nd, ne), v in combined.items():
             if r == 0 or (e >= 2 * r - 1 - int(entry_free) - 2 * x
                           and not (z and x == 0 and r >= 2)
                           and not (x == 0 and (nd > off_last or ne > off_entry))
                           and not (x == 0 and same_one and r >= 2 and e < 2 * r)):
-                best = max(best, v)
-        self._knap[key] = best
-        return best
+                # r host runs (on r distinct hosts) and at most x spread runs (at least
+                # one if x > 0) between them: the boundaries joining two host runs are
+                # whole crossings, the others half ones at least (``pool_adjacency``).
+                q = min(self._adjacency_units(r, y) for y in range(min(x, 1), x + 1))
+                by_charge[q] = max(by_charge.get(q, 0.0), v)
+        # Only the options that hold more layers for more crossings are worth keeping.
+        out: list[tuple[int, float]] = []
+        for q in sorted(by_charge):
+            if not out or by_charge[q] > out[-1][1]:
+                out.append((q, by_charge[q]))
+        if not out:
+            out = [(0, 0.0)]
+        result = tuple(out)
+        self._knap[key] = result
+        return result
+
+    @staticmethod
+    def _adjacency_units(runs: int, spread: int) -> int:
+        """Least crossing cost, in half crossings, of ``runs`` host runs (on distinct
+        hosts) and ``spread`` spread runs in one sequence: at least
+        ``runs - 1 - spread`` boundaries join two host runs (two halves each), and the
+        other boundaries of the ``runs + spread - 1`` touch a spread run (one half)."""
+        if runs == 0:
+            return 0
+        joins = max(0, runs - 1 - spread)
+        return 2 * joins + (runs + spread - 1 - joins)
+
+    def pool_adjacency_time(self, free: tuple[int, ...], m: int) -> float:
+        """Least round trip of half a crossing between stages still to build: a boundary
+        between two stages on different hosts (both with room) costs at least either
+        host's ``crossing_time``, so at least the second least of them; one between a
+        stage spread over hosts and any other at least ``spread_crossing``. The figure
+        is the least of half the first and the second."""
+        key = ("adjacency", free, m)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        times = sorted(self.crossing_time(h, m) for h, f in enumerate(free) if f)
+        half = 0.5 * times[1] if len(times) >= 2 else 0.0
+        for gpu_type in self.space.types:
+            hosts = self.space.hosts_of_type[gpu_type]
+            for tp in self.space.tp_options[gpu_type]:
+                blocks = tuple(sorted((free[h] // tp for h in hosts
+                                       if self.cm.cluster.hosts[h].num_gpus % tp == 0),
+                                      reverse=True))
+                if sum(1 for x in blocks if x) < 2:
+                    continue
+                for dp in range(2, sum(blocks) + 1):
+                    half = min(half, self.spread_crossing(gpu_type, dp, blocks, m))
+        self._profiles[key] = half
+        return half
 
     def _type_table(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
                     budget: float, cross: float, floor: float = 0.0) -> list[float]:
@@ -1101,6 +1194,9 @@ class Bounds:
             if floor > 0 and m > 1 and p.a > 0:
                 # ic - d0 = (M-1) g_i: the stage's term without its own all-reduce.
                 cap = min(cap, (tau - floor - (ic - p.d0)) / ((m - 1) * p.a))
+            # A stage holds a whole number of layers (the relative slack only absorbs
+            # rounding, as in ``_capacity``).
+            cap = math.floor(cap * (1 + 1e-12)) if math.isfinite(cap) else cap
             if cap < 1:
                 return math.inf
             caps.append(cap)
@@ -1130,15 +1226,40 @@ class Bounds:
                 extra = min(extra, self.type_capacity(free, m, rc, key_tau,
                                                       entry_type_free, floor))
             if extra + sum(caps) >= L and entry_free is not None:
-                extra = min(extra, self.pool_capacity(free, m, rc, key_tau, entry_free,
-                                                      floor, last_hosts, entry_hosts))
+                # The pool's host runs, one host after another, cross between hosts:
+                # each such boundary adds its round trip to the pipeline's fill.
+                per = self.pool_adjacency_time(free, m)
+                options = [(q * per, min(extra, cap)) for q, cap in self.pool_capacities(
+                    free, m, rc, key_tau, entry_free, floor, last_hosts, entry_hosts)]
+                options = [(add, cap) for add, cap in options if sum(caps) + cap >= L]
+                if not options:
+                    return math.inf
+                # Least over the options, each first at its cheap bound (the greedy at
+                # pool_a): the Lagrangian only for those that may still be the least.
+                cands = sorted((add + _greedy(items, L, pool_a, cap), add, cap)
+                               for add, cap in options)
+                best = math.inf
+                for low, add, cap in cands:
+                    if low >= best or low >= need:
+                        return min(best, low)
+                    best = min(best, add + self._pool_fill(items, pool_types, pool_a, m, rc,
+                                                           key_tau, floor, cap))
+                return best
         if sum(caps) + extra < L:
             return math.inf
+        if pool is None or extra <= 0:
+            return _greedy(items, L, pool_a, extra)
+        return self._pool_fill(items, pool_types, pool_a, m, rc, key_tau, floor, extra)
+
+    def _pool_fill(self, items: list[tuple[float, float]], pool_types, pool_a: float,
+                   m: int, rc: str, key_tau: float, floor: float, extra: float) -> float:
+        """``_fill``'s least work sum once the pool may hold ``extra`` layers."""
+        L = self.layers
 
         def greedy(pool_cost: float) -> float:
             return _greedy(items, L, pool_cost, extra)
 
-        if pool is None or extra <= 0:
+        if extra <= 0:
             return greedy(pool_a)
         # Each pool layer costs the per-layer time of the stage shape holding it, and a
         # shape holding layers at a fast per-layer time takes many GPUs for the few
@@ -1166,7 +1287,47 @@ class Bounds:
         for mu in mus:
             best = max(best, greedy(min(a + mu * c for a, c in lines)) - mu * gpus)
         # mu = 0 prices pool layers at the least a_s, never below pool_a's figure.
+        by_type = self._pool_type_lines(pool_types, m, rc, key_tau, floor)
+        if len(by_type) < 2:
+            return best
+        # A stage holds GPUs of one type only: the budget of one type's GPUs alone, priced
+        # by its own multiplier (the other types' shapes at their own a_s), is also a
+        # relaxation, tighter where another type's GPUs are slow (they no longer lend
+        # their count to the fast type).
+        for gpu_type, (own, count) in by_type.items():
+            other = min(a for t, (ls, _) in by_type.items() if t != gpu_type for a, _ in ls)
+            mus = set()
+            for i, (a1, c1) in enumerate(own):
+                for a2, c2 in own[i + 1:]:
+                    if c1 != c2:
+                        mu = (a2 - a1) / (c1 - c2)
+                        if mu > 0:
+                            mus.add(mu)
+                if c1 > 0:
+                    for a in [a for a, _ in items] + [other]:
+                        if a > a1:
+                            mus.add((a - a1) / c1)
+            for mu in mus:
+                price = min(other, min(a + mu * c for a, c in own))
+                best = max(best, greedy(price) - mu * count)
         return best
+
+    def _pool_type_lines(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
+                         rc: str, budget: float, floor: float = 0.0,
+                         ) -> dict[str, tuple[list[tuple[float, float]], int]]:
+        """``_pool_lines`` of each type apart, with the type's free GPU count; types
+        whose GPUs form no shape under the threshold are left out."""
+        key = ("type_lines", tuple(pool_types), m, rc, budget, floor)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        out = {}
+        for gpu_type, free in pool_types:
+            lines = self._pool_lines([(gpu_type, free)], m, rc, budget, floor)
+            if lines:
+                out[gpu_type] = (lines, sum(free))
+        self._knap[key] = out
+        return out
 
     def _pool_lines(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int, rc: str,
                     budget: float, floor: float = 0.0) -> list[tuple[float, float]]:
@@ -1234,6 +1395,10 @@ class Bounds:
     def pool_min_layer_time(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
                             rc: str) -> float:
         """Least per-layer time of any stage the free GPUs could form."""
+        key = ("min_layer", tuple(pool_types), m, rc)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
         best = math.inf
         for gpu_type, free in pool_types:
             hosts = self.space.hosts_of_type[gpu_type]
@@ -1244,4 +1409,5 @@ class Bounds:
                     shape = self._shape_costs(gpu_type, tp, dp, m, rc)
                     if shape is not None:
                         best = min(best, shape[0])
+        self._profiles[key] = best
         return best

@@ -17,13 +17,12 @@ import pytest
 from hetpar.cluster import parse_cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.solvers.brute import compositions, skeletons
 from hetpar.solvers.bounds import Bounds
+from hetpar.solvers.brute import compositions, skeletons
 from hetpar.solvers.exact import Problem, make_bounds
 from hetpar.solvers.space import PlanSpace
 from hetpar.workload import parse_model, parse_training
 from tests.test_solvers import GPU_TYPES, tiny_instance
-
 
 # Checking every prefix of up to 1500 plans takes 5-30 s per instance on a busy 2-core
 # machine: the default run checks a subset, HETPAR_LONG_TESTS=1 checks them all. (The
@@ -246,8 +245,8 @@ def test_adjacency_units_are_the_fewest_half_crossings():
     run) is at least ``_adjacency_units``, and equal for some sequence."""
     import itertools
 
-    for r in range(0, 5):
-        for y in range(0, 4):
+    for r in range(5):
+        for y in range(4):
             best = math.inf
             for seq in set(itertools.permutations("h" * r + "s" * y)):
                 if any(a == b == "s" for a, b in zip(seq, seq[1:])):

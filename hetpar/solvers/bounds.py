@@ -707,6 +707,7 @@ class Bounds:
                 entries = [(g, ends, table[g][ends], int(ends == 0),
                             2 - ends if off else 0, 2 - ends if off_entry else 0)
                            for g in sizes for ends in range(3) if table[g][ends] != neg]
+                # (Conditionals, not min(): these loops run millions of times.)
                 for g0 in range(used + 1):
                     for (r, e, z, nd, ne), v in runs[g0].items():
                         r1 = r + 1

@@ -1003,6 +1003,7 @@ class Bounds:
 
     # ---- prefixes ---------------------------------------------------------------------
     GRID = 24  # thresholds tried between zero and the target
+    REFINE = 3  # halvings of a grid interval that may beat the target
 
     def prefix_alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...], m: int,
                      rc: str, target: float) -> tuple[bool, bool]:
@@ -1102,12 +1103,28 @@ class Bounds:
                 return self._fill(profs, icpt, slope, grid[j], m, rc, pool, floor,
                                   last_hosts, e_hosts, need)
 
+            def passes(lo: float, hi: float, f_hi: float, depth: int) -> bool:
+                """Whether thresholds in [lo, hi] may beat the target (``f_hi``: a lower
+                bound of the fill at ``hi``); halved ``depth`` times where they may, so
+                that the bound loses less than the grid's step to its discreteness."""
+                if lo + f_hi >= room:
+                    return False
+                if depth == 0:
+                    return True
+                mid = 0.5 * (lo + hi)
+                f_mid = self._fill(profs, icpt, slope, mid, m, rc, pool, floor, last_hosts,
+                                   e_hosts, room - lo)
+                return passes(lo, mid, f_mid, depth - 1) or passes(mid, hi, f_hi, depth - 1)
+
             lo_j, hi_j = first - 1, self.GRID  # fill(lo_j) inf (or none), fill(hi_j) ?
             top = fill(hi_j, room - grid[hi_j - 1])
             if not math.isfinite(top):
                 return False
             if grid[hi_j - 1] + top < room:
-                return True  # (no lower threshold needs checking)
+                # The top interval may pass; if its halves are refuted, the lower ones
+                # are scanned below.
+                if passes(grid[hi_j - 1], grid[hi_j], top, self.REFINE):
+                    return True
             # fill only falls as the threshold grows, so no threshold j passes once
             # grid[j-1] + top >= room: only the grid points below that are tried.
             last_j = hi_j - 1
@@ -1122,7 +1139,7 @@ class Bounds:
                 else:
                     lo_j = mid
             for j in range(hi_j, last_j + 1):
-                if grid[j - 1] + fill(j, room - grid[j - 1]) < room:
+                if passes(grid[j - 1], grid[j], fill(j, room - grid[j - 1]), self.REFINE):
                     return True
             return False
 

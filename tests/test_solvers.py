@@ -268,3 +268,26 @@ def test_space_size_probes_draw_as_a_listing_would():
                                * len(space.micro_batch_options([s.dp for s in prefix])))
         estimates.append(total)
     assert size == pytest.approx(float(np.mean(estimates)), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 10))
+def test_tasks_below_two_stages_find_the_optimum(seed):
+    """Subtrees rooted two stages deep (``root_tasks(depth=2)``), each passed the
+    (M, recompute) pairs its first stage leaves open, still cover the optimum."""
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.costmodel.objective import Objective
+    from hetpar.solvers.exact import LocalIncumbent, Problem, root_tasks, search_subtree
+    from hetpar.solvers.space import PlanSpace
+
+    cluster, model, training, objective = tiny_instance(seed)
+    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
+                  seed=seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    incumbent = LocalIncumbent()
+    best = math.inf
+    for task in root_tasks(problem, depth=2):
+        result = search_subtree(problem, task, incumbent)
+        assert result.finished
+        best = min(best, result.value)
+    assert best == pytest.approx(brute.value, rel=1e-9, abs=0.0)

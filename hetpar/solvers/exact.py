@@ -799,7 +799,22 @@ def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incum
     finished = True
     try:
         if task.expand:
-            s.walk(task.prefix, free, sym)
+            # As in one walk from the root: the prefix's own prefixes pass down the
+            # (M, recompute) pairs their extensions may still use, and a subtree whose
+            # ancestor has none left is not searched. (Their nodes are the close-only
+            # tasks' and counted there.)
+            inherited = None
+            head = space.capacity
+            counted = s.counters
+            s.counters = Counters()
+            for k in range(1, len(task.prefix)):
+                head = space.take(head, task.prefix[k - 1])
+                _, inherited = s.status(task.prefix[:k], head, inherited)
+                if not inherited:
+                    break
+            s.counters = counted
+            if inherited is None or inherited:
+                s.walk(task.prefix, free, sym, inherited)
         else:
             s.counters.nodes += 1
             closed, _ = s.status(task.prefix, free, None)

@@ -71,6 +71,14 @@ def small_instance(seed: int):
     return cluster, model, training, objective
 
 
+def _small_bounds(seed: int) -> tuple[CostModel, PlanSpace, Bounds]:
+    """The cost model, space and bounds of ``small_instance(seed)`` (4 samples)."""
+    cluster, model, training, objective = small_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    return cm, space, make_bounds(Problem(cm, space, Objective.parse(objective)))
+
+
 def _check_bounds(cluster, model, training, objective, seed, budget=1500):
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
     space = PlanSpace(cluster, cm.model, training)
@@ -211,10 +219,7 @@ def test_pool_crossings_are_below_the_cost_models_transfers(seed):
     crossings at ``pool_adjacency_time`` each) never exceed the transfers the cost model
     gives their boundaries: r host runs on distinct hosts and x spread runs in one
     sequence have at least ``_adjacency_units(r, y)`` half crossings for some y <= x."""
-    cluster, model, training, objective = small_instance(seed)
-    cm = CostModel(cluster, model, training, samples=4, seed=seed)
-    space = PlanSpace(cluster, cm.model, training)
-    bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+    cm, space, bounds = _small_bounds(seed)
     rng = np.random.default_rng(seed)
     skel = [s for s in skeletons(space, cm.model.layers) if len(s) >= 2]
     if len(skel) > 300:
@@ -260,10 +265,7 @@ def test_adjacency_units_are_the_fewest_half_crossings():
 
 @pytest.mark.parametrize("seed", range(0, 40, 5))
 def test_spread_total_is_the_multi_tables_largest_entry(seed):
-    cluster, model, training, objective = small_instance(seed)
-    cm = CostModel(cluster, model, training, samples=4, seed=seed)
-    space = PlanSpace(cluster, cm.model, training)
-    bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+    _, space, bounds = _small_bounds(seed)
     rng = np.random.default_rng(seed)
     for t in space.types:
         cap = tuple(space.capacity[h] for h in space.hosts_of_type[t])
@@ -283,10 +285,7 @@ def test_spread_total_is_the_multi_tables_largest_entry(seed):
 def test_fill_asked_against_a_need_decides_as_the_full_fill(seed):
     """``_fill(..., need)`` may stop at a cheaper bound, but only once that bound reaches
     ``need``: it is never above the full fill, and below ``need`` exactly when it is."""
-    cluster, model, training, objective = small_instance(seed)
-    cm = CostModel(cluster, model, training, samples=4, seed=seed)
-    space = PlanSpace(cluster, cm.model, training)
-    bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+    cm, space, bounds = _small_bounds(seed)
     rng = np.random.default_rng(seed)
     skel = [s for s in skeletons(space, cm.model.layers) if len(s) >= 2]
     checked = 0

@@ -15,6 +15,7 @@ quantile).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +62,29 @@ def _greedy(items: list[tuple[float, float]], layers: int, pool_cost: float,
         if left <= 0:
             break
     return total
+
+
+def _lagrangian(greedy: Callable[[float], float], lines: list[tuple[float, float]],
+                gpus: int, stage_a: list[float], other: float = math.inf) -> float:
+    """Best bound ``greedy(price(mu)) - mu gpus`` over multipliers ``mu >= 0`` of a GPU
+    budget, a pool layer priced at ``min(other, min_s (a_s + mu c_s))`` over the
+    ``lines`` (a_s, c_s). The function is concave and piecewise linear in ``mu``, so its
+    maximum lies at a kink: where two lines cross, or one crosses a prefix stage's
+    ``a_i`` (``stage_a``) or ``other``; and 0."""
+    mus = {0.0}
+    crossings = stage_a if math.isinf(other) else [*stage_a, other]
+    for i, (a1, c1) in enumerate(lines):
+        for a2, c2 in lines[i + 1:]:
+            if c1 != c2:
+                mu = (a2 - a1) / (c1 - c2)
+                if mu > 0:
+                    mus.add(mu)
+        if c1 > 0:
+            for a in crossings:
+                if a > a1:
+                    mus.add((a - a1) / c1)
+    return max(greedy(min(other, min(a + mu * c for a, c in lines))) - mu * gpus
+               for mu in mus)
 
 
 def _dedupe(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -284,6 +308,27 @@ class Bounds:
                                                   * (1 + 1e-12)))
         return max(0, min(cap, by_time))
 
+    def _type_blocks(self, gpu_type: str, free: tuple[int, ...],
+                     ) -> Iterator[tuple[int, tuple[int, ...]]]:
+        """(TP degree, free TP blocks of the type's hosts that can hold one, most first)
+        for each TP degree of the type (``free``: GPUs per host of the type)."""
+        hosts = self.space.hosts_of_type[gpu_type]
+        for tp in self.space.tp_options[gpu_type]:
+            yield tp, tuple(sorted((f // tp for f, h in zip(free, hosts)
+                                    if self.cm.cluster.hosts[h].num_gpus % tp == 0),
+                                   reverse=True))
+
+    def _shapes(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
+                least_dp: int = 1,
+                ) -> Iterator[tuple[int, int, tuple[int, ...], tuple[float, float, int]]]:
+        """(tp, dp, blocks, ``_shape_costs``) of every stage shape of at least
+        ``least_dp`` replicas that the type's free GPUs can form."""
+        for tp, blocks in self._type_blocks(gpu_type, free):
+            for dp in range(least_dp, sum(blocks) + 1):
+                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
+                if shape is not None:
+                    yield tp, dp, blocks, shape
+
     def knapsack(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
                  budget: float, floor: float = 0.0) -> int:
         """Most layers stages built from the free GPUs of a type (``free``: per host of the
@@ -297,19 +342,12 @@ class Bounds:
         if hit is not None:
             return hit
         total = sum(free)
-        hosts = self.space.hosts_of_type[gpu_type]
         items = []
-        for tp in self.space.tp_options[gpu_type]:
-            ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
-            blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
-            for dp in range(1, sum(blocks) + 1):
-                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
-                if shape is None:
-                    continue
-                d = self._shape_dp(gpu_type, tp, dp, blocks)
-                value = self._capacity(shape[0], shape[1], d, shape[2], budget, m, floor)
-                if value > 0:
-                    items.append((tp * dp, value))
+        for tp, dp, blocks, shape in self._shapes(gpu_type, free, m, rc):
+            d = self._shape_dp(gpu_type, tp, dp, blocks)
+            value = self._capacity(shape[0], shape[1], d, shape[2], budget, m, floor)
+            if value > 0:
+                items.append((tp * dp, value))
         best = [0] * (total + 1)
         for g in range(1, total + 1):
             v = best[g - 1]
@@ -522,24 +560,17 @@ class Bounds:
                       budget: float, floor: float) -> list[tuple[int, int, int]]:
         """(GPUs, paid sides, most layers) of every stage shape of the type spread over
         two or more hosts with room, without the dominated ones."""
-        hosts = self.space.hosts_of_type[gpu_type]
         items = []
-        for tp in self.space.tp_options[gpu_type]:
-            ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
-            blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
-            for dp in range(2, sum(blocks) + 1):
-                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
-                if shape is None:
-                    continue
-                d = self._shape_dp(gpu_type, tp, dp, blocks, min_hosts=2)
-                if not math.isfinite(d):
-                    continue
-                cross = self.spread_crossing(gpu_type, dp, blocks, m)
-                for ends in (0, 1, 2):
-                    value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                           budget, m, floor)
-                    if value > 0:
-                        items.append((tp * dp, ends, value))
+        for tp, dp, blocks, shape in self._shapes(gpu_type, free, m, rc, least_dp=2):
+            d = self._shape_dp(gpu_type, tp, dp, blocks, min_hosts=2)
+            if not math.isfinite(d):
+                continue
+            cross = self.spread_crossing(gpu_type, dp, blocks, m)
+            for ends in (0, 1, 2):
+                value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
+                                       budget, m, floor)
+                if value > 0:
+                    items.append((tp * dp, ends, value))
         return _dedupe(items)
 
     def _spread_total(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
@@ -624,15 +655,6 @@ class Bounds:
         out = multi if lo >= top else [[min(v, float(lo)) for v in row] for row in multi]
         self._knap[key] = out
         return out
-
-    def pool_capacity(self, free: tuple[int, ...], m: int, rc: str, budget: float,
-                      entry_free: bool, floor: float = 0.0,
-                      last_hosts: frozenset[int] | None = None,
-                      entry_hosts: frozenset[int] | None = None) -> float:
-        """Most layers the stages still to be built from the ``free`` GPUs can hold under
-        a threshold ``budget``, whatever their crossings (``pool_capacities``)."""
-        return self.pool_capacities(free, m, rc, budget, entry_free, floor, last_hosts,
-                                    entry_hosts)[-1][1]
 
     def pool_capacities(self, free: tuple[int, ...], m: int, rc: str, budget: float,
                         entry_free: bool, floor: float = 0.0,
@@ -796,11 +818,8 @@ class Bounds:
         times = sorted(self.crossing_time(h, m) for h, f in enumerate(free) if f)
         half = 0.5 * times[1] if len(times) >= 2 else 0.0
         for gpu_type in self.space.types:
-            hosts = self.space.hosts_of_type[gpu_type]
-            for tp in self.space.tp_options[gpu_type]:
-                blocks = tuple(sorted((free[h] // tp for h in hosts
-                                       if self.cm.cluster.hosts[h].num_gpus % tp == 0),
-                                      reverse=True))
+            tfree = tuple(free[h] for h in self.space.hosts_of_type[gpu_type])
+            for _, blocks in self._type_blocks(gpu_type, tfree):
                 if sum(1 for x in blocks if x) < 2:
                     continue
                 for dp in range(2, sum(blocks) + 1):
@@ -817,22 +836,15 @@ class Bounds:
         hit = self._knap.get(key)
         if hit is not None:
             return hit
-        hosts = self.space.hosts_of_type[gpu_type]
         total = sum(free)
         items = []
-        for tp in self.space.tp_options[gpu_type]:
-            ok = [i for i, h in enumerate(hosts) if self.cm.cluster.hosts[h].num_gpus % tp == 0]
-            blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
-            for dp in range(1, sum(blocks) + 1):
-                shape = self._shape_costs(gpu_type, tp, dp, m, rc)
-                if shape is None:
-                    continue
-                d = self._shape_dp(gpu_type, tp, dp, blocks)
-                for ends in (0, 1, 2):
-                    value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                           budget, m, floor)
-                    if value > 0:
-                        items.append((tp * dp, ends, value))
+        for tp, dp, blocks, shape in self._shapes(gpu_type, free, m, rc):
+            d = self._shape_dp(gpu_type, tp, dp, blocks)
+            for ends in (0, 1, 2):
+                value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
+                                       budget, m, floor)
+                if value > 0:
+                    items.append((tp * dp, ends, value))
         neg = -math.inf
         best = _ends_knapsack(_dedupe(items), total)
         out = [neg, neg, neg]
@@ -1120,11 +1132,10 @@ class Bounds:
             top = fill(hi_j, room - grid[hi_j - 1])
             if not math.isfinite(top):
                 return False
-            if grid[hi_j - 1] + top < room:
-                # The top interval may pass; if its halves are refuted, the lower ones
-                # are scanned below.
-                if passes(grid[hi_j - 1], grid[hi_j], top, self.REFINE):
-                    return True
+            # The top interval first; if it (or each of its halves) is refuted, the lower
+            # ones are scanned below.
+            if passes(grid[hi_j - 1], grid[hi_j], top, self.REFINE):
+                return True
             # fill only falls as the threshold grows, so no threshold j passes once
             # grid[j-1] + top >= room: only the grid points below that are tried.
             last_j = hi_j - 1
@@ -1291,20 +1302,9 @@ class Bounds:
         if not lines:
             return greedy(pool_a)
         gpus = sum(sum(g) for _, g in pool_types)
-        mus = {0.0}
-        for i, (a1, c1) in enumerate(lines):
-            for a2, c2 in lines[i + 1:]:
-                if c1 != c2:
-                    mu = (a2 - a1) / (c1 - c2)
-                    if mu > 0:
-                        mus.add(mu)
-            for a, _ in items:
-                if c1 > 0 and a > a1:
-                    mus.add((a - a1) / c1)
-        best = -math.inf
-        for mu in mus:
-            best = max(best, greedy(min(a + mu * c for a, c in lines)) - mu * gpus)
+        stage_a = [a for a, _ in items]
         # mu = 0 prices pool layers at the least a_s, never below pool_a's figure.
+        best = _lagrangian(greedy, lines, gpus, stage_a)
         by_type = self._pool_type_lines(pool_types, m, rc, key_tau, floor)
         if len(by_type) < 2:
             return best
@@ -1314,20 +1314,7 @@ class Bounds:
         # their count to the fast type).
         for gpu_type, (own, count) in by_type.items():
             other = min(a for t, (ls, _) in by_type.items() if t != gpu_type for a, _ in ls)
-            mus = set()
-            for i, (a1, c1) in enumerate(own):
-                for a2, c2 in own[i + 1:]:
-                    if c1 != c2:
-                        mu = (a2 - a1) / (c1 - c2)
-                        if mu > 0:
-                            mus.add(mu)
-                if c1 > 0:
-                    for a in [a for a, _ in items] + [other]:
-                        if a > a1:
-                            mus.add((a - a1) / c1)
-            for mu in mus:
-                price = min(other, min(a + mu * c for a, c in own))
-                best = max(best, greedy(price) - mu * count)
+            best = max(best, _lagrangian(greedy, own, count, stage_a, other))
         return best
 
     def _pool_type_lines(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
@@ -1358,19 +1345,11 @@ class Bounds:
             return hit
         raw = []
         for gpu_type, free in pool_types:
-            hosts = self.space.hosts_of_type[gpu_type]
-            for tp in self.space.tp_options[gpu_type]:
-                ok = [i for i, h in enumerate(hosts)
-                      if self.cm.cluster.hosts[h].num_gpus % tp == 0]
-                blocks = tuple(sorted((free[i] // tp for i in ok), reverse=True))
-                for dp in range(1, sum(blocks) + 1):
-                    shape = self._shape_costs(gpu_type, tp, dp, m, rc)
-                    if shape is None:
-                        continue
-                    d = self._shape_dp(gpu_type, tp, dp, blocks)
-                    cap = self._capacity(shape[0], shape[1], d, shape[2], budget, m, floor)
-                    if cap > 0:
-                        raw.append((shape[0], tp * dp / cap))
+            for tp, dp, blocks, shape in self._shapes(gpu_type, free, m, rc):
+                d = self._shape_dp(gpu_type, tp, dp, blocks)
+                cap = self._capacity(shape[0], shape[1], d, shape[2], budget, m, floor)
+                if cap > 0:
+                    raw.append((shape[0], tp * dp / cap))
         raw.sort()
         out: list[tuple[float, float]] = []
         for a, c in raw:
@@ -1391,11 +1370,8 @@ class Bounds:
         best = math.inf
         seq = self.batch / m
         for gpu_type, free in pool_types:
-            hosts = self.space.hosts_of_type[gpu_type]
-            for tp in self.space.tp_options[gpu_type]:
-                blocks = sum(f // tp for f, h in zip(free, hosts)
-                             if self.cm.cluster.hosts[h].num_gpus % tp == 0)
-                for dp in range(1, blocks + 1):
+            for tp, blocks in self._type_blocks(gpu_type, free):
+                for dp in range(1, sum(blocks) + 1):
                     if (self.batch // m) % dp:
                         continue
                     for h in self.space.eligible_hosts(gpu_type, tp):
@@ -1419,13 +1395,7 @@ class Bounds:
             return hit
         best = math.inf
         for gpu_type, free in pool_types:
-            hosts = self.space.hosts_of_type[gpu_type]
-            for tp in self.space.tp_options[gpu_type]:
-                blocks = sum(f // tp for f, h in zip(free, hosts)
-                             if self.cm.cluster.hosts[h].num_gpus % tp == 0)
-                for dp in range(1, blocks + 1):
-                    shape = self._shape_costs(gpu_type, tp, dp, m, rc)
-                    if shape is not None:
-                        best = min(best, shape[0])
+            for _, _, _, shape in self._shapes(gpu_type, free, m, rc):
+                best = min(best, shape[0])
         self._profiles[key] = best
         return best

@@ -329,6 +329,19 @@ class Bounds:
                 if shape is not None:
                     yield tp, dp, blocks, shape
 
+    def _ended_items(self, gpus: int, shape: tuple[float, float, int], d: float,
+                     cross: float, budget: float, m: int, floor: float,
+                     ) -> list[tuple[int, int, int]]:
+        """(GPUs, paid ends, most layers) of one stage shape when 0, 1 or 2 of its sides
+        pay ``cross`` in its cycle; only the cases that hold a layer."""
+        out = []
+        for ends in (0, 1, 2):
+            value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2], budget,
+                                   m, floor)
+            if value > 0:  # a stage holds at least one layer
+                out.append((gpus, ends, value))
+        return out
+
     def knapsack(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
                  budget: float, floor: float = 0.0) -> int:
         """Most layers stages built from the free GPUs of a type (``free``: per host of the
@@ -493,11 +506,7 @@ class Bounds:
                 if shape is None:
                     continue
                 d = self._shape_dp(gpu_type, tp, dp, (free // tp,))
-                for ends in (0, 1, 2):
-                    value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                           budget, m, floor)
-                    if value > 0:  # a stage holds at least one layer
-                        items.append((tp * dp, ends, value))
+                items += self._ended_items(tp * dp, shape, d, cross, budget, m, floor)
         neg = -math.inf
         best = _ends_knapsack(_dedupe(items), free)
         # A run has at least one stage and may leave GPUs idle. (Its ends are counted
@@ -566,11 +575,7 @@ class Bounds:
             if not math.isfinite(d):
                 continue
             cross = self.spread_crossing(gpu_type, dp, blocks, m)
-            for ends in (0, 1, 2):
-                value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                       budget, m, floor)
-                if value > 0:
-                    items.append((tp * dp, ends, value))
+            items += self._ended_items(tp * dp, shape, d, cross, budget, m, floor)
         return _dedupe(items)
 
     def _spread_total(self, gpu_type: str, free: tuple[int, ...], m: int, rc: str,
@@ -840,11 +845,7 @@ class Bounds:
         items = []
         for tp, dp, blocks, shape in self._shapes(gpu_type, free, m, rc):
             d = self._shape_dp(gpu_type, tp, dp, blocks)
-            for ends in (0, 1, 2):
-                value = self._capacity(shape[0], shape[1] + ends * cross, d, shape[2],
-                                       budget, m, floor)
-                if value > 0:
-                    items.append((tp * dp, ends, value))
+            items += self._ended_items(tp * dp, shape, d, cross, budget, m, floor)
         neg = -math.inf
         best = _ends_knapsack(_dedupe(items), total)
         out = [neg, neg, neg]

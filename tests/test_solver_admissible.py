@@ -323,3 +323,54 @@ def test_fill_asked_against_a_need_decides_as_the_full_fill(seed):
                 assert (quick < need) == (full < need), (tau, need, quick, full)
                 checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 5))
+def test_head_shift_is_below_every_last_stages_loss(seed):
+    """Holding the head costs every stage shape the pool tables count, under every
+    crossing time they may add and every all-reduce they use, at least ``head_shift``
+    layers (where it can hold one with the head); ``head_time`` is at most what the
+    cost model adds to a last stage on any host."""
+    cm, space, bounds = _small_bounds(seed)
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(12):
+        free = tuple(int(rng.integers(0, c + 1)) for c in space.capacity)
+        pool_types = [(t, tuple(free[h] for h in space.hosts_of_type[t])) for t in space.types]
+        pool_types = [(t, g) for t, g in pool_types if any(g)]
+        if not pool_types:
+            continue
+        m = int(rng.choice(space.micro_batch_options([1])))
+        rc = str(rng.choice(space.recompute_modes))
+        budget = float(rng.uniform(0.01, 2.0))
+        floor = float(rng.choice([0.0, rng.uniform(0.0, 0.3)]))
+        shift = bounds.head_shift(pool_types, m, rc, budget, floor)
+        for t, tfree in pool_types:
+            hosts = space.hosts_of_type[t]
+            crossings = [bounds.crossing_time(h, m) for h in hosts]
+            crossings.append(bounds.type_crossing(tuple(h for h, f in zip(hosts, tfree) if f), m))
+            for tp, dp, blocks, (a, b, cap) in bounds._shapes(t, tfree, m, rc):
+                head = bounds.head_time(t, tp, dp, m, rc)
+                for h in space.eligible_hosts(t, tp):
+                    perf = cm.host_perf(h)
+                    seqs = cm.training.global_batch / m / dp
+                    work = [cm.stage_work(perf, seqs, tp, n, False, last, rc).total
+                            for last in (False, True) for n in (1, 2)]
+                    assert head <= (2 * work[2] - work[3]) - (2 * work[0] - work[1]) + 1e-15
+                ds = {bounds._shape_dp(t, tp, dp, blocks),
+                      bounds._shape_dp(t, tp, dp, blocks, min_hosts=2)}
+                ds |= {bounds._shape_dp(t, tp, dp, (f // tp,)) for f in tfree
+                       if f >= tp * dp}
+                xs = [0.0] + [e * c for c in crossings for e in (1, 2)]
+                xs += [e * bounds.spread_crossing(t, dp, blocks, m) for e in (1, 2)
+                       if dp >= 2 and sum(1 for x in blocks if x) >= 2]
+                for d in ds:
+                    if not math.isfinite(d):
+                        continue
+                    for x in xs:
+                        with_head = bounds._capacity(a, b + x + head, d, cap, budget, m, floor)
+                        if with_head >= 1:
+                            without = bounds._capacity(a, b + x, d, cap, budget, m, floor)
+                            assert without - with_head >= shift, (t, tp, dp, d, x, shift)
+                            checked += 1
+    assert checked > 0

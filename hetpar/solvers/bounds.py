@@ -1242,6 +1242,12 @@ class Bounds:
             step = target / (4 * self.GRID)
             floor = step * math.floor(floor / step) if floor > 0 else 0.0
             extra = sum(self.knapsack(t, g, m, rc, key_tau, floor) for t, g in pool_types)
+            # One of the stages still to build is the pipeline's last: its head and loss
+            # take room in its cycle, which costs its shape ``shift`` layers at least.
+            shift = self.head_shift(pool_types, m, rc, key_tau, floor)
+            if extra - shift < 1:
+                return math.inf  # the stages to build hold no layer with the head
+            extra -= shift
             if math.isfinite(need):
                 if sum(caps) + extra < L:
                     return math.inf
@@ -1254,12 +1260,12 @@ class Bounds:
             # worth their cost; each is an upper bound, so the least of them is one.
             if extra + sum(caps) >= L and len(pool_types) > 1:
                 extra = min(extra, self.type_capacity(free, m, rc, key_tau,
-                                                      entry_type_free, floor))
+                                                      entry_type_free, floor) - shift)
             if extra + sum(caps) >= L and entry_free is not None:
                 # The pool's host runs, one host after another, cross between hosts:
                 # each such boundary adds its round trip to the pipeline's fill.
                 per = self.pool_adjacency_time(free, m)
-                options = [(q * per, min(extra, cap)) for q, cap in self.pool_capacities(
+                options = [(q * per, min(extra, cap - shift)) for q, cap in self.pool_capacities(
                     free, m, rc, key_tau, entry_free, floor, last_hosts, entry_hosts)]
                 options = [(add, cap) for add, cap in options if sum(caps) + cap >= L]
                 if not options:
@@ -1358,6 +1364,74 @@ class Bounds:
                 out.append((a, c))
         self._knap[key] = out
         return out
+
+    def head_time(self, gpu_type: str, tp: int, dp: int, m: int, rc: str) -> float:
+        """Least seconds per micro-batch that computing the head and the loss adds to a
+        stage of this shape (on any host of the type): what the pipeline's last stage
+        pays in its cycle on top of its layers."""
+        key = ("head", gpu_type, tp, dp, m, rc)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        seqs = self.batch / m / dp
+        best = math.inf
+        for h in self.space.eligible_hosts(gpu_type, tp):
+            perf = self.cm.host_perf(h)
+            if perf is None:
+                continue
+            _, b_last = _affine(lambda n: self.cm.stage_work(perf, seqs, tp, n, False, True,
+                                                              rc).total)
+            _, b_mid = _affine(lambda n: self.cm.stage_work(perf, seqs, tp, n, False, False,
+                                                             rc).total)
+            best = min(best, b_last - b_mid)
+        out = max(0.0, best) if math.isfinite(best) else 0.0
+        self._profiles[key] = out
+        return out
+
+    def head_shift(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int, rc: str,
+                   budget: float, floor: float = 0.0) -> float:
+        """Fewest layers that holding the head costs the pipeline's last stage when it is
+        built from the free GPUs, under a threshold ``budget`` (inf: no stage they could
+        form holds a layer with the head).
+
+        Every capacity table of the pool counts a stage of shape s as
+        ``_capacity(a_s, b_s + x, d, cap_s)`` for some crossing time ``x >= 0`` and
+        all-reduce ``d`` (the shape's, on one host or spread). The head adds ``h_s`` to
+        ``b``: time alone then admits at least ``floor((M-1) h_s / slope)`` layers
+        fewer (``floor(u) - floor(u - y) >= floor(y)``), memory may cap both, and the
+        difference is least at ``x = 0``. So a plan's stages, its last stage counted
+        without its head, form an entry of the tables holding at least the least such
+        difference more layers than the plan's stages do."""
+        key = ("head_shift", tuple(pool_types), m, rc, budget, floor)
+        hit = self._knap.get(key)
+        if hit is not None:
+            return hit
+        best = math.inf
+        unbounded = 1 << 30
+        for gpu_type, tfree in pool_types:
+            hosts = self.space.hosts_of_type[gpu_type]
+            for tp, dp, blocks, (a, b, cap) in self._shapes(gpu_type, tfree, m, rc):
+                head = self.head_time(gpu_type, tp, dp, m, rc)
+                dps = {self._shape_dp(gpu_type, tp, dp, blocks),
+                       self._shape_dp(gpu_type, tp, dp, blocks, min_hosts=2)}
+                for h, f in zip(hosts, tfree):
+                    if f >= tp * dp and self.cm.cluster.hosts[h].num_gpus % tp == 0:
+                        dps.add(self._shape_dp(gpu_type, tp, dp, (f // tp,)))
+                for d in dps:
+                    if not math.isfinite(d):
+                        continue
+                    by_time = self._capacity(a, b, d, unbounded, budget, m, floor)
+                    if by_time < 1 or self._capacity(a, b + head, d, cap, budget, m,
+                                                     floor) < 1:
+                        continue  # in no table, or never the last stage
+                    slope = (m - 1) * a + d
+                    alpha = math.floor((m - 1) * head / slope) if slope > 0 else 0
+                    best = min(best, min(alpha, max(0, cap - by_time + alpha)))
+                    if best <= 0:
+                        self._knap[key] = 0
+                        return 0
+        self._knap[key] = best
+        return best
 
     def pool_last_fixed(self, pool_types: list[tuple[str, tuple[int, ...]]], m: int,
                         rc: str) -> float:

@@ -291,3 +291,48 @@ def test_tasks_below_two_stages_find_the_optimum(seed):
         assert result.finished
         best = min(best, result.value)
     assert best == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+
+
+@pytest.mark.parametrize("seed", range(5, 200, 20))
+def test_split_tasks_cover_the_optimum(seed):
+    """``split_task`` (the largest subtree cut one stage deeper, for several workers)
+    covers the same plans: every first stage's task split still finds the optimum, and
+    its parts are its prefix closed plus one task per canonical next stage."""
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.costmodel.objective import Objective
+    from hetpar.solvers.exact import LocalIncumbent, Problem, root_tasks, search_subtree, split_task
+    from hetpar.solvers.space import PlanSpace
+
+    cluster, model, training, objective = tiny_instance(seed)
+    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
+                  seed=seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    problem = Problem(cm, space, Objective.parse(objective))
+    incumbent = LocalIncumbent()
+    best = math.inf
+    for task in root_tasks(problem, depth=1):
+        parts = split_task(problem, task)
+        if len(parts) > 1:
+            assert not parts[0].expand and parts[0].prefix == task.prefix
+            assert all(p.expand and p.prefix[:-1] == task.prefix for p in parts[1:])
+        for part in parts:
+            result = search_subtree(problem, part, incumbent)
+            assert result.finished
+            best = min(best, result.value)
+    assert best == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+
+
+def test_small_spaces_are_counted_exactly():
+    """The probes decide whether counting is worth trying: a tiny space is still counted,
+    a large one only estimated (without walking 20,000 nodes first)."""
+    from hetpar.solvers.exact import estimate_space_size
+
+    cluster, model, training, _ = tiny_instance(3)
+    space = PlanSpace(cluster, model, training)
+    size, exact_count = estimate_space_size(space, probes=8)
+    assert exact_count and size >= 1
+    big = hetpar.load_cluster("amp-het-16")
+    size, exact_count = estimate_space_size(
+        PlanSpace(big, hetpar.load_model("gpt2-medium"), hetpar.load_training()), probes=8)
+    assert not exact_count and size > 1e9

@@ -12,10 +12,23 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import GIB, CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
-from hetpar.solvers.exact import (Counters, InlineExecutor, LocalIncumbent, Problem, dive,
-                                  SearchExecutor, Searcher, TaskResult, estimate_space_size,
-                                  make_bounds, prefix_lower_bound, root_lower_bound,
-                                  root_tasks)
+from hetpar.solvers.exact import (
+    Counters,
+    InlineExecutor,
+    LocalIncumbent,
+    Problem,
+    Searcher,
+    SearchExecutor,
+    TaskResult,
+    dive,
+    estimate_space_size,
+    few_collections,
+    make_bounds,
+    prefix_lower_bound,
+    root_lower_bound,
+    root_tasks,
+    split_task,
+)
 from hetpar.solvers.solution import Certificate, Solution
 from hetpar.solvers.space import PlanSpace, StageChoice
 from hetpar.workload.model import ModelSpec
@@ -114,6 +127,13 @@ def _compute_floor(cm: CostModel) -> float:
 def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
            time_limit: float | None, progress: Callable[[Progress], None] | None,
            executor: SearchExecutor | None) -> Solution:
+    with few_collections():
+        return _exact_search(cm, space, obj, workers, time_limit, progress, executor)
+
+
+def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
+                  time_limit: float | None, progress: Callable[[Progress], None] | None,
+                  executor: SearchExecutor | None) -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
     # A good first incumbent prunes from the first node on: the Metis-style heuristic's
@@ -152,20 +172,36 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     # the first two stages made two workers build about 1.6x the tables of one, and
     # finish amp-het-16 in 46 s against 31 s). root_tasks(depth=2) stays available.
     tasks = root_tasks(problem, depth=1)
-    # Most promising subtrees first (least bound of their first stage): good plans found
-    # early prune the rest, and with several workers the long tails start first. Python's
-    # sort is stable, so a first stage's tasks keep their order (close-only one first).
     order_bounds = make_bounds(problem)
-    ranker = Searcher(problem, LocalIncumbent(seed_value), order_bounds)
-    # Ranking must not eat the time limit: past a quarter of it, the rest keep their order.
-    rank_until = start + 0.25 * time_limit if time_limit else math.inf
     rank: dict[StageChoice, float] = {}
-    for t in tasks:
-        if len(t.prefix) == 1 and time.perf_counter() < rank_until:
-            rank[t.prefix[0]] = prefix_lower_bound(order_bounds, ranker.combos, t.prefix[:1],
-                                                   space.take(space.capacity, t.prefix[0]),
-                                                   seed_value, steps=RANK_STEPS, until=rank_until)
-    tasks.sort(key=lambda t: rank.get(t.prefix[0], math.inf))
+    if workers == 1:
+        # Most promising subtrees first (least bound of their first stage): good plans
+        # found early prune the rest. Ties (the bounds are coarse) go to the larger
+        # subtree, where the best plans tend to lie: on amp-het-16 the optimum starts
+        # with one V100 alone. The tables built here serve the search.
+        ranker = Searcher(problem, LocalIncumbent(seed_value), order_bounds)
+        # Ranking must not eat the time limit: past a quarter of it, the rest keep their
+        # order.
+        rank_until = start + 0.25 * time_limit if time_limit else math.inf
+        for t in tasks:
+            if len(t.prefix) == 1 and time.perf_counter() < rank_until:
+                rank[t.prefix[0]] = prefix_lower_bound(
+                    order_bounds, ranker.combos, t.prefix[:1],
+                    space.take(space.capacity, t.prefix[0]), seed_value, steps=RANK_STEPS,
+                    until=rank_until)
+        tasks.sort(key=lambda t: (rank.get(t.prefix[0], math.inf), -sum(t.free(space))))
+    else:
+        # Several workers finish together only if the largest subtrees start first: the
+        # first stages that leave the most GPUs free root the largest ones (on amp-het-16
+        # the subtree of one V100 alone takes 40% of the search, and started third it
+        # ended 6 s after every other). Ranking them would cost the workers' time in
+        # this one process (2 s on amp-het-16); a subtree a bound prunes at its root
+        # costs a worker as little. The largest is split one stage deeper; splitting
+        # every subtree so made two workers build 1.6x the bound tables of one.
+        tasks.sort(key=lambda t: -sum(t.free(space)))
+        if tasks:
+            parts = split_task(problem, tasks[0])
+            tasks = [parts[0]] + sorted(parts[1:], key=lambda t: -sum(t.free(space))) + tasks[1:]
     if executor is None:
         if workers > 1:
             from hetpar.solvers.parallel import ProcessExecutor
@@ -189,7 +225,7 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
 
     stopped = ""
     try:
-        executor.run(problem, tasks, on_result)
+        executor.run(problem, tasks, on_result, order_bounds)
     except KeyboardInterrupt:
         stopped = "interrupted"
     if not stopped and (len(results) < len(tasks) or not all(r.finished for r in results.values())):

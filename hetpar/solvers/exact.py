@@ -24,11 +24,13 @@ lower bound and the gap.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -42,8 +44,24 @@ from hetpar.solvers.bounds import Bounds, StageProfile
 from hetpar.solvers.space import PlanSpace, StageChoice, SymmetryCheck
 
 __all__ = ["Problem", "TaskResult", "SearchExecutor", "InlineExecutor", "Incumbent",
-           "search_subtree", "best_split", "root_tasks", "Task", "estimate_space_size",
+           "search_subtree", "best_split", "root_tasks", "split_task", "Task",
+           "estimate_space_size", "few_collections",
            "prefix_lower_bound", "root_lower_bound", "make_bounds", "dive_structures", "dive"]
+
+
+@contextlib.contextmanager
+def few_collections(threshold: int = 100_000) -> Iterator[None]:
+    """Run the block with the cyclic garbage collector's first generation collected
+    every ``threshold`` allocations instead of 700, then restore the setting. The search
+    allocates millions of short-lived tuples and lists, none of them in cycles, and the
+    collections that this triggers traverse every cached bound table: 14% of a proof on
+    amp-het-16 (27.6 s against 23.8 s without any collection, side by side)."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], threshold), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 @dataclass(frozen=True)
@@ -631,6 +649,25 @@ def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
     return out
 
 
+def split_task(problem: Problem, task: Task) -> list[Task]:
+    """The same plans as ``task`` (which expands) as smaller tasks: its prefix closed as
+    a pipeline, and one task per canonical stage that may follow it. For balancing
+    several workers: one subtree can hold half of a search."""
+    space = problem.space
+    free = task.free(space)
+    sym: SymmetryCheck | None = SymmetryCheck.start(space)
+    for st in task.prefix:
+        assert sym is not None  # a task's prefix is canonical
+        sym = sym.extend(st)
+    if not task.expand or sym is None or len(task.prefix) >= space.model.layers or not any(free):
+        return [task]
+    out = [Task(task.prefix, expand=False)]
+    for stage in sorted(space.stage_choices(free), key=lambda s: -s.gpus):
+        if sym.extend(stage) is not None:
+            out.append(Task(task.prefix + (stage,)))
+    return out
+
+
 def dive_structures(space: PlanSpace) -> list[tuple[StageChoice, ...]]:
     """A few pipeline structures worth closing before the exhaustive search, for a first
     incumbent: the hosts of one or more GPU types in host order, at one TP degree, as one
@@ -831,7 +868,11 @@ class SearchExecutor(Protocol):
     workers: int
 
     def run(self, problem: Problem, tasks: list[Task],
-            on_result: Callable[[int, TaskResult], None]) -> None: ...
+            on_result: Callable[[int, TaskResult], None],
+            bounds: Bounds | None = None) -> None:
+        """Run every task, reporting each result; ``bounds``: tables the caller built
+        for this problem already (e.g. ranking the tasks), which a backend may reuse."""
+        ...
 
     def incumbent(self) -> float: ...
 
@@ -844,9 +885,11 @@ class InlineExecutor:
     _incumbent: LocalIncumbent = field(default_factory=LocalIncumbent)
 
     def run(self, problem: Problem, tasks: list[Task],
-            on_result: Callable[[int, TaskResult], None]) -> None:
+            on_result: Callable[[int, TaskResult], None],
+            bounds: Bounds | None = None) -> None:
         self._incumbent.offer(problem.seed_value)
-        bounds = make_bounds(problem)
+        if bounds is None:
+            bounds = make_bounds(problem)
         for i, task in enumerate(tasks):
             on_result(i, search_subtree(problem, task, self._incumbent, bounds))
 
@@ -866,7 +909,26 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
         return (math.comb(layers - 1, p - 1) * n_opts
                 * len(space.micro_batch_options([s.dp for s in stages])))
 
-    # Try to count exactly with a node budget.
+    rng = np.random.default_rng(seed)
+    estimates = []
+    tree = []  # the same probes' estimates of the stage tree's nodes
+    for _ in range(probes):
+        free, prefix, weight, total, nodes = space.capacity, (), 1.0, 0.0, 1.0
+        while len(prefix) < layers:
+            n = space.count_stage_choices(free)
+            if not n:
+                break
+            weight *= n
+            nodes += weight
+            st = space.stage_choice_at(free, int(rng.integers(n)))
+            prefix = prefix + (st,)
+            free = space.take(free, st)
+            total += weight * leaf_weight(prefix)
+        estimates.append(total)
+        tree.append(nodes)
+
+    # Count exactly with a node budget, unless the probes say the tree exceeds it by far
+    # (walking 20,000 nodes only to give up took 1.2 s of a 40 s proof on amp-het-16).
     budget = [20_000]
 
     def count(free: tuple[int, ...], prefix: tuple[StageChoice, ...]) -> float:
@@ -879,24 +941,11 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
                 total += count(space.take(free, st), prefix + (st,))
         return total
 
-    try:
-        return count(space.capacity, ()), True
-    except OverflowError:
-        pass
-    rng = np.random.default_rng(seed)
-    estimates = []
-    for _ in range(probes):
-        free, prefix, weight, total = space.capacity, (), 1.0, 0.0
-        while len(prefix) < layers:
-            n = space.count_stage_choices(free)
-            if not n:
-                break
-            weight *= n
-            st = space.stage_choice_at(free, int(rng.integers(n)))
-            prefix = prefix + (st,)
-            free = space.take(free, st)
-            total += weight * leaf_weight(prefix)
-        estimates.append(total)
+    if not tree or float(np.mean(tree)) <= 10 * budget[0]:
+        try:
+            return count(space.capacity, ()), True
+        except OverflowError:
+            pass
     return float(np.mean(estimates)), False
 
 

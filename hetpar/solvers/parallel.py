@@ -8,12 +8,14 @@ plan found by one worker prunes the others at once.
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing as mp
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import Problem, Task, TaskResult, make_bounds, search_subtree
 
 __all__ = ["ProcessExecutor", "SharedIncumbent"]
@@ -39,10 +41,13 @@ class SharedIncumbent:
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(problem: Problem, cell: object) -> None:
+def _init_worker(problem: Problem, cell: object, bounds: Bounds | None) -> None:
+    # As in the caller's search (``few_collections``; a forked worker inherits it, a
+    # spawned one does not); the worker ends with the search.
+    gc.set_threshold(max(gc.get_threshold()[0], 100_000), *gc.get_threshold()[1:])
     _WORKER["problem"] = problem
     _WORKER["incumbent"] = SharedIncumbent(cell)
-    _WORKER["bounds"] = make_bounds(problem)
+    _WORKER["bounds"] = make_bounds(problem) if bounds is None else bounds
 
 
 def _run_task(task: Task) -> TaskResult:
@@ -56,11 +61,15 @@ class ProcessExecutor:
     _cell: object = field(default=None)
 
     def run(self, problem: Problem, tasks: list[Task],
-            on_result: Callable[[int, TaskResult], None]) -> None:
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            on_result: Callable[[int, TaskResult], None],
+            bounds: Bounds | None = None) -> None:
+        forked = "fork" in mp.get_all_start_methods()
+        ctx = mp.get_context("fork") if forked else mp.get_context()
         self._cell = ctx.Value("d", problem.seed_value)
+        # Forked workers start with the caller's tables (the ranking's) at no cost; others
+        # would receive them pickled, so they build their own.
         pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(problem, self._cell))
+                                   initargs=(problem, self._cell, bounds if forked else None))
         try:
             pending: dict[Future, int] = {pool.submit(_run_task, t): i
                                           for i, t in enumerate(tasks)}

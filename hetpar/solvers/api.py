@@ -12,6 +12,7 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import GIB, CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
+from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (
     Counters,
     InlineExecutor,
@@ -172,13 +173,14 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     # the first two stages made two workers build about 1.6x the tables of one, and
     # finish amp-het-16 in 46 s against 31 s). root_tasks(depth=2) stays available.
     tasks = root_tasks(problem, depth=1)
-    order_bounds = make_bounds(problem)
+    order_bounds: Bounds | None = None  # with one worker, the ranking's tables serve the search
     rank: dict[StageChoice, float] = {}
     if workers == 1:
+        order_bounds = make_bounds(problem)
         # Most promising subtrees first (least bound of their first stage): good plans
         # found early prune the rest. Ties (the bounds are coarse) go to the larger
         # subtree, where the best plans tend to lie: on amp-het-16 the optimum starts
-        # with one V100 alone. The tables built here serve the search.
+        # with one V100 alone.
         ranker = Searcher(problem, LocalIncumbent(seed_value), order_bounds)
         # Ranking must not eat the time limit: past a quarter of it, the rest keep their
         # order.

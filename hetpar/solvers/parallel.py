@@ -8,7 +8,6 @@ plan found by one worker prunes the others at once.
 
 from __future__ import annotations
 
-import gc
 import math
 import multiprocessing as mp
 from collections.abc import Callable
@@ -16,7 +15,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 
 from hetpar.solvers.bounds import Bounds
-from hetpar.solvers.exact import Problem, Task, TaskResult, make_bounds, search_subtree
+from hetpar.solvers.exact import (
+    Problem,
+    Task,
+    TaskResult,
+    few_collections,
+    make_bounds,
+    search_subtree,
+)
 
 __all__ = ["ProcessExecutor", "SharedIncumbent"]
 
@@ -41,18 +47,16 @@ class SharedIncumbent:
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(problem: Problem, cell: object, bounds: Bounds | None) -> None:
-    # As in the caller's search (``few_collections``; a forked worker inherits it, a
-    # spawned one does not); the worker ends with the search.
-    gc.set_threshold(max(gc.get_threshold()[0], 100_000), *gc.get_threshold()[1:])
+def _init_worker(problem: Problem, cell: object) -> None:
     _WORKER["problem"] = problem
     _WORKER["incumbent"] = SharedIncumbent(cell)
-    _WORKER["bounds"] = make_bounds(problem) if bounds is None else bounds
+    _WORKER["bounds"] = make_bounds(problem)
 
 
 def _run_task(task: Task) -> TaskResult:
-    return search_subtree(_WORKER["problem"], task, _WORKER["incumbent"],  # type: ignore[arg-type]
-                          _WORKER["bounds"])  # type: ignore[arg-type]
+    with few_collections():  # as in the caller's search; a spawned worker has its own gc
+        return search_subtree(_WORKER["problem"], task,  # type: ignore[arg-type]
+                              _WORKER["incumbent"], _WORKER["bounds"])  # type: ignore[arg-type]
 
 
 @dataclass
@@ -63,13 +67,12 @@ class ProcessExecutor:
     def run(self, problem: Problem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
-        forked = "fork" in mp.get_all_start_methods()
-        ctx = mp.get_context("fork") if forked else mp.get_context()
+        # ``bounds`` is not used: each worker builds its own tables (the caller's would
+        # travel pickled, and the search does not rank subtrees for several workers).
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         self._cell = ctx.Value("d", problem.seed_value)
-        # Forked workers start with the caller's tables (the ranking's) at no cost; others
-        # would receive them pickled, so they build their own.
         pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(problem, self._cell, bounds if forked else None))
+                                   initargs=(problem, self._cell))
         try:
             pending: dict[Future, int] = {pool.submit(_run_task, t): i
                                           for i, t in enumerate(tasks)}

@@ -336,3 +336,34 @@ def test_small_spaces_are_counted_exactly():
     size, exact_count = estimate_space_size(
         PlanSpace(big, hetpar.load_model("gpt2-medium"), hetpar.load_training()), probes=8)
     assert not exact_count and size > 1e9
+
+
+@pytest.mark.parametrize("seed", range(15, 200, 20))
+def test_split_parts_cover_the_optimum(seed):
+    """``split_task(..., parts=n)`` (the largest subtree in one part per worker, each
+    part every n-th subtree below its prefix, part 0 also closing it) covers the same
+    plans: with the other first stages searched whole, the optimum is found."""
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.costmodel.objective import Objective
+    from hetpar.solvers.exact import LocalIncumbent, Problem, root_tasks, search_subtree, split_task
+    from hetpar.solvers.space import PlanSpace
+
+    cluster, model, training, objective = tiny_instance(seed)
+    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
+                  seed=seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    for n in (2, 3):
+        incumbent = LocalIncumbent()
+        best = math.inf
+        for task in root_tasks(problem, depth=1):
+            parts = split_task(problem, task, parts=n)
+            if len(parts) > 1:
+                assert [p.part for p in parts] == [(k, n) for k in range(n)]
+                assert all(p.prefix == task.prefix and p.expand for p in parts)
+                assert split_task(problem, parts[1], parts=n) == [parts[1]]  # no re-split
+            for part in parts:
+                result = search_subtree(problem, part, incumbent)
+                assert result.finished
+                best = min(best, result.value)
+        assert best == pytest.approx(brute.value, rel=1e-9, abs=0.0)

@@ -30,7 +30,7 @@ from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.solvers.space import PlanSpace, StageChoice
 
-__all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile"]
+__all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile", "matching_twin"]
 
 
 
@@ -1542,6 +1542,17 @@ PureBounds = Bounds
 PureStageProfile = StageProfile
 
 
+def matching_twin(twin: ModuleType, source: bytes) -> ModuleType | None:
+    """``twin`` if it was compiled from ``source`` (its recorded digest), else None, with
+    a warning: the source was edited since the package was installed."""
+    if getattr(twin, "SOURCE_DIGEST", None) == hashlib.sha256(source).hexdigest():
+        return twin
+    warnings.warn("hetpar/solvers/bounds.py differs from the source of its compiled twin: "
+                  "the exact search runs the pure-Python bounds (about half the speed) "
+                  "until the package is installed again", RuntimeWarning, stacklevel=2)
+    return None
+
+
 def _compiled_twin() -> ModuleType | None:
     if os.environ.get("HETPAR_PURE_PYTHON"):
         return None
@@ -1549,14 +1560,7 @@ def _compiled_twin() -> ModuleType | None:
         from hetpar.solvers import _bounds_native as twin  # type: ignore[attr-defined]
     except ImportError:
         return None
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    if getattr(twin, "SOURCE_DIGEST", None) != digest:
-        warnings.warn("hetpar/solvers/bounds.py differs from the source of its compiled "
-                      "twin: the exact search runs the pure-Python bounds (about half the "
-                      "speed) until the package is installed again", RuntimeWarning,
-                      stacklevel=2)
-        return None
-    return twin
+    return matching_twin(twin, Path(__file__).read_bytes())
 
 
 # The module the search runs: the compiled twin, or None (this file as it stands).

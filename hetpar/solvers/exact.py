@@ -200,23 +200,35 @@ class Searcher:
         return bool(closed or opened)
 
     def walk(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...],
-             sym: SymmetryCheck, inherited: frozenset[tuple[int, str]] | None = None) -> None:
+             sym: SymmetryCheck, inherited: frozenset[tuple[int, str]] | None = None,
+             part: tuple[int, int] = (0, 1)) -> None:
+        """Search every plan starting with ``prefix``; with ``part = (k, n)`` only the
+        k-th of n parts of them (``Task.part``)."""
         self._check_time()
-        self.counters.nodes += 1
-        closed, opened = self.status(prefix, free, inherited)
+        k, n = part
+        counted = self.counters
+        if k:
+            self.counters = Counters()  # the node and its prunes are part 0's to count
+        try:
+            self.counters.nodes += 1
+            closed, opened = self.status(prefix, free, inherited)
+        finally:
+            self.counters = counted
         if not closed and not opened:
             return
-        if closed:
+        if closed and k == 0:
             self.close(prefix, closed)
         if len(prefix) >= self.layers or not opened:
             return
         children = sorted(self.problem.space.stage_choices(free), key=lambda s: -s.gpus)
-        for stage in children:
-            nxt = sym.extend(stage)
-            if nxt is None:
-                self.counters.pruned_symmetry += 1
-                continue
-            self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt, opened)
+        canonical = [(stage, nxt) for stage in children
+                     if (nxt := sym.extend(stage)) is not None]
+        if k == 0:
+            self.counters.pruned_symmetry += len(children) - len(canonical)
+        for i, (stage, nxt) in enumerate(canonical):
+            if i % n == k:
+                self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt,
+                          opened)
 
     # ---- closing a prefix: the best layer split -----------------------------------------
     def close(self, stages: tuple[StageChoice, ...],
@@ -624,6 +636,11 @@ class Task:
     expand: bool = True
     seed: str = ""
     until: float = math.inf
+    # (k, n): only the k-th of n parts of the plans below ``prefix``: part k searches the
+    # subtrees of the canonical next stages i with i % n == k (in the search's order) and
+    # part 0 also closes the prefix. One worker runs a part's subtrees one after the
+    # other, so they share its bound tables (siblings reach many of the same free GPUs).
+    part: tuple[int, int] = (0, 1)
 
     def free(self, space: PlanSpace) -> tuple[int, ...]:
         free = space.capacity
@@ -657,18 +674,22 @@ def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
     return out
 
 
-def split_task(problem: Problem, task: Task) -> list[Task]:
+def split_task(problem: Problem, task: Task, parts: int | None = None) -> list[Task]:
     """The same plans as ``task`` (which expands) as smaller tasks: its prefix closed as
-    a pipeline, and one task per canonical stage that may follow it. For balancing
-    several workers: one subtree can hold half of a search."""
+    a pipeline, and one task per canonical stage that may follow it; or, with ``parts``,
+    ``parts`` tasks that each search every ``parts``-th of those subtrees (``Task.part``).
+    For balancing several workers: one subtree can hold half of a search."""
     space = problem.space
     free = task.free(space)
     sym: SymmetryCheck | None = SymmetryCheck.start(space)
     for st in task.prefix:
         assert sym is not None  # a task's prefix is canonical
         sym = sym.extend(st)
-    if not task.expand or sym is None or len(task.prefix) >= space.model.layers or not any(free):
+    if (not task.expand or sym is None or len(task.prefix) >= space.model.layers
+            or not any(free) or task.part != (0, 1)):
         return [task]
+    if parts is not None:
+        return [Task(task.prefix, part=(k, parts)) for k in range(parts)]
     out = [Task(task.prefix, expand=False)]
     for stage in sorted(space.stage_choices(free), key=lambda s: -s.gpus):
         if sym.extend(stage) is not None:
@@ -862,7 +883,7 @@ def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incum
                     break
             s.counters = counted
             if inherited is None or inherited:
-                s.walk(task.prefix, free, sym, inherited)
+                s.walk(task.prefix, free, sym, inherited, task.part)
         else:
             s.counters.nodes += 1
             closed, _ = s.status(task.prefix, free, None)

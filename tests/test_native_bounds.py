@@ -1,0 +1,126 @@
+"""The compiled twin of the bound module (``hatch_build.py``) and the seed tasks.
+
+The twin is ``hetpar/solvers/bounds.py`` compiled by mypyc: it must decide every prefix
+exactly as the pure-Python source does, and it must never run once that source changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import types
+
+import numpy as np
+import pytest
+
+from hetpar.costmodel.estimate import CostModel
+from hetpar.costmodel.objective import Objective
+from hetpar.solvers import bounds, solve
+from hetpar.solvers.baselines import metis
+from hetpar.solvers.brute import skeletons
+from hetpar.solvers.exact import LocalIncumbent, Problem, Task, make_bounds, search_subtree
+from hetpar.solvers.space import PlanSpace
+from tests.test_solver_admissible import small_instance
+from tests.test_solvers import tiny_instance
+
+needs_twin = pytest.mark.skipif(
+    bounds.NATIVE is None,
+    reason="no compiled twin in this install (no C compiler, HETPAR_PURE_PYTHON set, or "
+           "bounds.py edited since the package was installed)")
+
+
+def test_a_twin_built_from_other_source_is_never_used():
+    twin = types.ModuleType("twin")
+    twin.SOURCE_DIGEST = hashlib.sha256(b"the source it was built from").hexdigest()
+    assert bounds.matching_twin(twin, b"the source it was built from") is twin
+    with pytest.warns(RuntimeWarning, match="differs from the source"):
+        assert bounds.matching_twin(twin, b"an edited source") is None
+    with pytest.warns(RuntimeWarning):
+        assert bounds.matching_twin(types.ModuleType("no digest"), b"") is None
+
+
+@needs_twin
+def test_the_search_runs_the_twin():
+    cluster, model, training, objective = tiny_instance(0)
+    cm = CostModel(cluster, model, training, samples=4)
+    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    assert bounds.Bounds is bounds.NATIVE.Bounds is not bounds.PureBounds
+    assert type(make_bounds(problem)) is bounds.NATIVE.Bounds
+
+
+def _prefixes(space: PlanSpace, layers: int, limit: int, rng: np.random.Generator):
+    """Up to ``limit`` distinct prefixes (with their free GPUs) of the space's pipelines."""
+    seen = {}
+    for stages in skeletons(space, layers):
+        free = space.capacity
+        for k, st in enumerate(stages, start=1):
+            free = space.take(free, st)
+            seen.setdefault(tuple(stages[:k]), free)
+    items = list(seen.items())
+    if len(items) > limit:
+        items = [items[i] for i in rng.choice(len(items), limit, replace=False)]
+    return items
+
+
+@needs_twin
+@pytest.mark.parametrize("seed", range(0, 40, 5))
+def test_the_twin_decides_every_prefix_as_the_source(seed):
+    """Same verdicts (closed, extended, by memory) for random prefixes of small instances
+    under every (M, recompute) pair and targets below, at and above the optimum."""
+    cluster, model, training, objective = small_instance(seed)
+    cm = CostModel(cluster, model, training, samples=4, seed=seed)
+    space = PlanSpace(cluster, cm.model, training)
+    obj = Objective.parse(objective)
+    zero = max(space.zero_stages)
+    pure = bounds.PureBounds(cm, space, obj, zero)
+    twin = bounds.NATIVE.Bounds(cm, space, obj, zero)
+    best = solve(cluster, model, training, method="exact", objective=objective, samples=4,
+                 seed=seed).value
+    targets = [best * f for f in (0.6, 0.9, 0.99, 1.0, 1.01, 1.2, 2.0)] + [math.inf]
+    rng = np.random.default_rng(seed)
+    compared = 0
+    for prefix, free in _prefixes(space, cm.model.layers, 60, rng):
+        for m in space.micro_batch_options([s.dp for s in prefix]):
+            for rc in space.recompute_modes:
+                for target in targets:
+                    assert twin.prefix_status(prefix, free, m, rc, target) == \
+                        pure.prefix_status(prefix, free, m, rc, target), (prefix, m, rc, target)
+                    compared += 1
+                assert twin.root_alive(m, rc, best) == pure.root_alive(m, rc, best)
+    assert compared > 0
+
+
+def test_seed_tasks_offer_the_heuristics_plans():
+    cluster, model, training, objective = tiny_instance(11)
+    cm = CostModel(cluster, model, training, samples=4, seed=11)
+    space = PlanSpace(cluster, cm.model, training)
+    obj = Objective.parse(objective)
+    problem = Problem(cm, space, obj)
+    optimum = solve(cluster, model, training, method="brute", objective=objective, samples=4,
+                    seed=11).value
+
+    incumbent = LocalIncumbent()
+    got = search_subtree(problem, Task((), seed="metis"), incumbent)
+    expected = metis(cm, space, obj)
+    assert got.finished and got.counters.nodes == 0
+    assert got.value == expected.value == incumbent.get()
+    assert got.plan is not None and cm.evaluate(got.plan).feasible
+
+    dived = search_subtree(problem, Task((), seed="dive", until=time.time() + 30), incumbent)
+    assert dived.finished and optimum <= dived.value * (1 + 1e-12)
+    assert incumbent.get() == min(got.value, dived.value)
+    with pytest.raises(ValueError, match="unknown seed task"):
+        search_subtree(problem, Task((), seed="anneal"), incumbent)
+
+
+@pytest.mark.parametrize("seed", range(3, 200, 40))
+def test_two_workers_agree_with_enumeration(seed):
+    """Seeds on the pool, the largest subtree split: the optimum is the same."""
+    cluster, model, training, objective = tiny_instance(seed)
+    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
+                  seed=seed)
+    two = solve(cluster, model, training, method="exact", objective=objective, samples=4,
+                seed=seed, workers=2)
+    assert two.certificate.optimal and two.certificate.workers == 2
+    assert two.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import shutil
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,6 +41,19 @@ def test_a_twin_built_from_other_source_is_never_used():
         assert bounds.matching_twin(twin, b"an edited source") is None
     with pytest.warns(RuntimeWarning):
         assert bounds.matching_twin(types.ModuleType("no digest"), b"") is None
+
+
+def test_an_install_with_a_compiler_builds_the_twin():
+    """Where a C compiler exists the install compiles the bounds (hatch_build.py). A twin
+    that is only stale (bounds.py edited since installing) is a developer's state, and
+    the search then runs the source, as it should."""
+    if os.environ.get("HETPAR_PURE_PYTHON") or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("pure Python asked for, or no C compiler")
+    built = list(Path(bounds.__file__).parent.glob("_bounds_native*.so"))
+    assert built, ("the install did not compile hetpar/solvers/bounds.py (hatch_build.py; "
+                   "install with HETPAR_PURE_PYTHON=1 set to skip it on purpose)")
+    if bounds.NATIVE is None:
+        pytest.skip("bounds.py was edited since the package was installed")
 
 
 @needs_twin

@@ -201,8 +201,10 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
             live.stop()
     cert = solution.certificate
     if solution.plan is None:
-        why = ("the time limit passed before any plan that fits was found"
-               if cert is not None and cert.stopped else "no plan that fits was found")
+        why = ("no plan that fits was found" if cert is None or not cert.stopped else
+               "interrupted before any plan that fits was found"
+               if cert.stopped == "interrupted" else
+               "the time limit passed before any plan that fits was found")
         raise InfeasibleError(f"{args.method}: {why}")
     if out is not None:
         try:

@@ -224,15 +224,18 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     results: dict[int, TaskResult] = {}
     counters = Counters()
     best = (seed_value, seed_plan)
+    subtrees = sum(1 for t in tasks if not t.seed)  # the progress counts these, not seeds
+    subtrees_done = 0
 
     def on_result(i: int, res: TaskResult) -> None:
-        nonlocal best
+        nonlocal best, subtrees_done
         results[i] = res
+        subtrees_done += not tasks[i].seed
         counters.add(res.counters)
         if res.value < best[0]:
             best = (res.value, res.plan)
         if progress is not None:
-            progress(Progress(len(results), len(tasks), counters.nodes,
+            progress(Progress(subtrees_done, subtrees, counters.nodes,
                               min(best[0], executor.incumbent()),
                               time.perf_counter() - start))
 

@@ -36,8 +36,9 @@ class NativeBoundsHook(BuildHookInterface):
             return
         root = Path(self.root)
         out_dir = root / SOURCE.parent
-        for old in out_dir.glob(f"{NATIVE}*.so"):
-            old.unlink()  # a stale build must not outlive a failed one
+        if version == "editable":
+            for old in out_dir.glob(f"{NATIVE}*.so"):
+                old.unlink()  # a stale build must not outlive a failed one
         self._work = Path(tempfile.mkdtemp(prefix="hetpar-mypyc-"))
         try:
             built = _compile(root, self._work)

@@ -140,3 +140,24 @@ def test_two_workers_agree_with_enumeration(seed):
                 seed=seed, workers=2)
     assert two.certificate.optimal and two.certificate.workers == 2
     assert two.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+
+
+def test_a_stopped_dive_ends_at_once():
+    """``dive(..., stop=...)`` (the pool sets it once every subtree is searched) ends at
+    its next search node, with what it has scored so far."""
+    from hetpar.solvers.exact import dive
+
+    cluster, model, training, objective = tiny_instance(21)
+    cm = CostModel(cluster, model, training, samples=4, seed=21)
+    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return True
+
+    value, plan = dive(problem, time.time() + 60, stop=stop)
+    assert len(calls) <= 2  # the first check stops it (and the structure's loop re-checks)
+    full, _ = dive(problem, time.time() + 60)
+    assert full <= value
+    assert (plan is None) == (not math.isfinite(value))

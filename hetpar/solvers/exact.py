@@ -739,32 +739,38 @@ def dive_structures(space: PlanSpace) -> list[tuple[StageChoice, ...]]:
 
 @dataclass
 class _StepSearcher(Searcher):
-    """A searcher that also stops after ``max_steps`` clock checks (search nodes)."""
+    """A searcher that also stops after ``max_steps`` clock checks (search nodes), or
+    once ``stop()`` says so."""
 
     max_steps: int = 0
     steps: int = 0
+    stop: Callable[[], bool] | None = None
 
     def _check_time(self) -> None:
         self.steps += 1
-        if self.steps > self.max_steps:
+        if self.steps > self.max_steps or (self.stop is not None and self.stop()):
             raise _Stop
         super()._check_time()
 
 
 def dive(problem: Problem, until: float, incumbent: float | Incumbent = math.inf,
-         steps: int = 400) -> tuple[float, Plan | None]:
+         steps: int = 400, stop: Callable[[], bool] | None = None,
+         ) -> tuple[float, Plan | None]:
     """The best plan of ``dive_structures`` found before ``until`` (``time.time()``), each
     structure closed under every micro-batch count and recompute mode by the exact layer
     split search cut to ``steps`` search nodes (its first split, in proportion to stage
     speed, is always scored). A first incumbent near the optimum prunes far more than a
     heuristic's plan; the search stays exact whatever the dive finds. ``incumbent``: a
-    value to beat, or a shared incumbent that the dive reads and offers each plan to."""
+    value to beat, or a shared incumbent that the dive reads and offers each plan to.
+    ``stop``: ends the dive at once when it returns True (the search it seeds is over)."""
     shared = LocalIncumbent(incumbent) if isinstance(incumbent, float | int) else incumbent
-    s = _StepSearcher(replace(problem, deadline=min(problem.deadline, until)), shared)
+    s = _StepSearcher(replace(problem, deadline=min(problem.deadline, until)), shared,
+                      stop=stop)
     layers = problem.space.model.layers
 
     def score(stages: tuple[StageChoice, ...]) -> float:
-        """Best value found for the structure (inf if none); raises _Stop past until."""
+        """Best value found for the structure (inf if none); raises _Stop past until, or
+        once stopped."""
         before = (s.best_value, s.best_plan)
         s.best_value, s.best_plan = math.inf, None
         try:
@@ -773,7 +779,7 @@ def dive(problem: Problem, until: float, incumbent: float | Incumbent = math.inf
                 try:
                     s.close(stages, [combo])
                 except _Stop:
-                    if time.time() > until:
+                    if time.time() > until or (stop is not None and stop()):
                         raise
         finally:
             value = s.best_value
@@ -852,12 +858,14 @@ def make_bounds(problem: Problem) -> Bounds:
 
 
 def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incumbent: Incumbent,
-                   bounds: Bounds | None = None) -> TaskResult:
-    """Search one task (a bare prefix means every plan that starts with it)."""
+                   bounds: Bounds | None = None,
+                   stop: Callable[[], bool] | None = None) -> TaskResult:
+    """Search one task (a bare prefix means every plan that starts with it). ``stop``: a
+    seed task's dive ends early when it returns True (every subtree is done)."""
     if not isinstance(task, Task):
         task = Task(tuple(task))
     if task.seed:
-        return _run_seed(problem, task, incumbent)
+        return _run_seed(problem, task, incumbent, stop)
     s = Searcher(problem, incumbent, bounds)
     space = problem.space
     free = space.capacity
@@ -894,8 +902,10 @@ def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incum
     return TaskResult(s.best_value, s.best_plan, s.counters, finished)
 
 
-def _run_seed(problem: Problem, task: Task, incumbent: Incumbent) -> TaskResult:
-    """A seed task: the heuristic's plan, offered to the incumbent."""
+def _run_seed(problem: Problem, task: Task, incumbent: Incumbent,
+              stop: Callable[[], bool] | None = None) -> TaskResult:
+    """A seed task: the heuristic's plan, offered to the incumbent. ``stop``: the dive
+    ends when it returns True."""
     plan: Plan | None = None
     value = math.inf
     if task.seed == "metis":
@@ -904,7 +914,7 @@ def _run_seed(problem: Problem, task: Task, incumbent: Incumbent) -> TaskResult:
         if sol.found:
             value, plan = sol.value, sol.plan
     elif task.seed == "dive":
-        value, plan = dive(problem, min(task.until, problem.deadline), incumbent)
+        value, plan = dive(problem, min(task.until, problem.deadline), incumbent, stop=stop)
     else:
         raise ValueError(f"unknown seed task {task.seed!r} (known: {', '.join(SEEDS)})")
     if plan is not None:

@@ -47,16 +47,18 @@ class SharedIncumbent:
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(problem: Problem, cell: object) -> None:
+def _init_worker(problem: Problem, cell: object, done: object) -> None:
     _WORKER["problem"] = problem
     _WORKER["incumbent"] = SharedIncumbent(cell)
     _WORKER["bounds"] = make_bounds(problem)
+    _WORKER["done"] = done.is_set  # type: ignore[attr-defined]
 
 
 def _run_task(task: Task) -> TaskResult:
     with few_collections():  # as in the caller's search; a spawned worker has its own gc
         return search_subtree(_WORKER["problem"], task,  # type: ignore[arg-type]
-                              _WORKER["incumbent"], _WORKER["bounds"])  # type: ignore[arg-type]
+                              _WORKER["incumbent"], _WORKER["bounds"],  # type: ignore[arg-type]
+                              _WORKER["done"])  # type: ignore[arg-type]
 
 
 @dataclass
@@ -71,15 +73,24 @@ class ProcessExecutor:
         # travel pickled, and the search does not rank subtrees for several workers).
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         self._cell = ctx.Value("d", problem.seed_value)
+        # Set once every subtree is searched: a seed still running (the dive) can only
+        # offer a plan the search has already matched, so it ends instead of holding up
+        # the answer (on a 1-second proof the dive took most of one worker's time).
+        subtrees_done = ctx.Event()
         pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(problem, self._cell))
+                                   initargs=(problem, self._cell, subtrees_done))
         try:
             pending: dict[Future, int] = {pool.submit(_run_task, t): i
                                           for i, t in enumerate(tasks)}
+            subtrees = sum(1 for t in tasks if not t.seed)
             while pending:
                 done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    on_result(pending.pop(fut), fut.result())
+                    i = pending.pop(fut)
+                    subtrees -= not tasks[i].seed
+                    on_result(i, fut.result())
+                if subtrees == 0:
+                    subtrees_done.set()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 

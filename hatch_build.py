@@ -14,6 +14,7 @@ warning when the compilation fails (no C compiler, an unsupported interpreter).
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ class NativeBoundsHook(BuildHookInterface):
         root = Path(self.root)
         out_dir = root / SOURCE.parent
         if version == "editable":
-            for old in out_dir.glob(f"{NATIVE}*.so"):
+            for old in _extensions(out_dir):
                 old.unlink()  # a stale build must not outlive a failed one
         self._work = Path(tempfile.mkdtemp(prefix="hetpar-mypyc-"))
         try:
@@ -87,7 +88,13 @@ def _compile(root: Path, work: Path) -> list[Path]:
         f"'{twin.relative_to(work).as_posix()}'], opt_level='3'))\n")
     subprocess.run([sys.executable, str(setup), "build_ext", "--inplace"], cwd=work,
                    check=True, stdout=subprocess.DEVNULL)
-    built = sorted((work / SOURCE.parent).glob(f"{NATIVE}*.so"))
+    built = _extensions(work / SOURCE.parent)
     if not built:
         raise RuntimeError("mypyc built no extension")
     return built
+
+
+def _extensions(folder: Path) -> list[Path]:
+    """The compiled twin's extension files in ``folder`` (.so, or .pyd on Windows)."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return sorted(p for p in folder.glob(f"{NATIVE}*") if p.name.endswith(suffixes))

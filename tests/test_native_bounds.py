@@ -7,6 +7,7 @@ exactly as the pure-Python source does, and it must never run once that source c
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import math
 import os
 import shutil
@@ -49,7 +50,9 @@ def test_an_install_with_a_compiler_builds_the_twin():
     the search then runs the source, as it should."""
     if os.environ.get("HETPAR_PURE_PYTHON") or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("pure Python asked for, or no C compiler")
-    built = list(Path(bounds.__file__).parent.glob("_bounds_native*.so"))
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    built = [p for p in Path(bounds.__file__).parent.glob("_bounds_native*")
+             if p.name.endswith(suffixes)]
     assert built, ("the install did not compile hetpar/solvers/bounds.py (hatch_build.py; "
                    "install with HETPAR_PURE_PYTHON=1 set to skip it on purpose)")
     if bounds.NATIVE is None:

@@ -279,3 +279,22 @@ def test_solve_bad_options(capsys, args, needle):
     code, _, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                        *args)
     assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize("stopped, why", [
+    ("interrupted", "interrupted before any plan that fits was found"),
+    ("time limit", "the time limit passed before any plan that fits was found"),
+])
+def test_solve_without_a_plan_says_why_in_one_line(capsys, monkeypatch, stopped, why):
+    """An exact search stopped before any plan (Ctrl-C, or the limit, while the seeds
+    still run on the workers) ends with one line naming the reason, exit status 2."""
+    import hetpar.solvers.api as api
+    from hetpar.solvers.solution import Certificate, Solution
+
+    cert = Certificate(optimal=False, lower_bound=0.0, nodes=0, leaves=0, space_size=1.0,
+                       space_size_exact=False, wall_s=0.1, workers=2, stopped=stopped)
+    monkeypatch.setattr(api, "solve", lambda *a, **k: Solution(
+        "exact", "mean", None, None, float("inf"), 0.1, evaluations=0, certificate=cert))
+    code, _, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                       "--method", "exact", "--workers", "2")
+    assert_one_line_error(code, err, why)

@@ -20,6 +20,7 @@ from hetpar.solvers.exact import (
     Problem,
     Searcher,
     SearchExecutor,
+    Task,
     TaskResult,
     dive,
     estimate_space_size,
@@ -29,7 +30,6 @@ from hetpar.solvers.exact import (
     root_lower_bound,
     root_tasks,
     split_task,
-    Task,
 )
 from hetpar.solvers.solution import Certificate, Solution
 from hetpar.solvers.space import PlanSpace, StageChoice
@@ -161,15 +161,15 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                         seed_value, wall, evaluations=0, certificate=cert)
     # A dive over a few deep-pipeline structures with a local search over them (0.5 s on
     # amp-het-16): an incumbent near the optimum before the exhaustive search prunes far
-    # more than the heuristic's plan; a tenth of the time limit at most.
-    dive_until = time.time() + (0.1 * time_limit if time_limit else 30.0)
+    # more than the heuristic's plan; a tenth of the time limit at most, from its start.
+    dive_budget = 0.1 * time_limit if time_limit else 30.0
     seed_value, seed_plan = math.inf, None
     if workers == 1:
         seed = metis(cm, space, obj)
         if seed.found:
             seed_value, seed_plan = seed.value, seed.plan
         dive_value, dive_plan = dive(Problem(cm, space, obj, deadline, seed_value),
-                                     dive_until, seed_value)
+                                     time.time() + dive_budget, seed_value)
         if dive_plan is not None and dive_value < seed_value:
             seed_value, seed_plan = dive_value, dive_plan
     problem = Problem(cm, space, obj, deadline, seed_value)
@@ -214,7 +214,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # The seeds run on the workers too, first: a worker starts on the subtrees once
         # its seed is done (the incumbent it leaves prunes them), and the dive offers each
         # plan it finds at once. (Run before the pool, they were 1 s of mixed-32's 5.7 s.)
-        tasks = [Task((), seed="metis"), Task((), seed="dive", until=dive_until)] + tasks
+        tasks = [Task((), seed="metis"),
+                 Task((), seed="dive", until=time.time() + dive_budget)] + tasks
     if executor is None:
         if workers > 1:
             from hetpar.solvers.parallel import ProcessExecutor

@@ -76,9 +76,10 @@ def _lagrangian(items: list[tuple[float, float]], layers: int, pool_room: float,
                 other: float = math.inf) -> float:
     """Best bound ``greedy(price(mu)) - mu gpus`` over multipliers ``mu >= 0`` of a GPU
     budget (``greedy``: ``_greedy`` of ``items`` and ``pool_room`` pool layers), a pool
-    layer priced at ``min(other, min_s (a_s + mu c_s))`` over the ``lines`` (a_s, c_s). The function is concave and piecewise linear in ``mu``, so its
-    maximum lies at a kink: where two lines cross, or one crosses a prefix stage's
-    ``a_i`` (``stage_a``) or ``other``; and 0."""
+    layer priced at ``min(other, min_s (a_s + mu c_s))`` over the ``lines`` (a_s, c_s).
+    The function is concave and piecewise linear in ``mu``, so its maximum lies at a
+    kink: where two lines cross, or one crosses a prefix stage's ``a_i`` (``stage_a``)
+    or ``other``; and 0."""
     mus = {0.0}
     crossings = stage_a if math.isinf(other) else [*stage_a, other]
     for i, (a1, c1) in enumerate(lines):

@@ -224,3 +224,31 @@ def test_metis_may_leave_gpus_idle_to_avoid_a_slow_link(mean, cluster):
     sol = metis(cm, space, mean)
     check_solution(sol, cm, space, mean, "metis")
     assert sol.value <= random(cm, space, mean, seed=0, budget=50).value
+
+
+def test_metis_scores_each_candidate_once_and_builds_one_report(mean):
+    """A candidate that overflows starts its rebalancing from the scoring's own memory
+    figures (it was scored twice, and every rebalancing step built a full report: half
+    of Metis's time on a 32-GPU cluster); only the winner gets a report."""
+    cm, space = make("cloud-mixed", "llama2-7b")
+    calls = Counter()
+    core_split, evaluate = cm.core_split, cm.evaluate
+    seen: set = set()
+
+    def counting_core(frame, layers):
+        key = (id(frame), tuple(layers))
+        calls["repeat"] += key in seen
+        seen.add(key)
+        calls["core"] += 1
+        return core_split(frame, layers)
+
+    def counting_evaluate(plan, **kw):
+        calls["evaluate"] += 1
+        return evaluate(plan, **kw)
+
+    cm.core_split, cm.evaluate = counting_core, counting_evaluate
+    sol = metis(cm, space, mean)
+    assert sol.found and sol.details["rebalanced_fits"] > 0
+    assert calls["evaluate"] == 1
+    assert calls["core"] == sol.evaluations  # the report's own core call included
+    assert calls["repeat"] <= 1  # the winner's report repeats its scoring, nothing else

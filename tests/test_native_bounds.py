@@ -164,3 +164,55 @@ def test_a_stopped_dive_ends_at_once():
     full, _ = dive(problem, time.time() + 60)
     assert full <= value
     assert (plan is None) == (not math.isfinite(value))
+
+
+def _cloud_problem(model: str) -> tuple[CostModel, PlanSpace, Objective, Problem]:
+    import hetpar
+
+    cluster = hetpar.load_cluster("cloud-mixed")
+    training = hetpar.load_training("default")
+    cm = CostModel(cluster, hetpar.load_model(model), training, samples=4)
+    space = PlanSpace(cluster, cm.model, training)
+    obj = Objective.parse("mean")
+    return cm, space, obj, Problem(cm, space, obj)
+
+
+def test_dive_structures_leave_slow_types_out_and_mix_tp_degrees():
+    """On three GPU types the dive also tries pipelines without the slowest type, and one
+    stage per type at each type's own TP degree (the Metis-style shape)."""
+    from hetpar.solvers.exact import dive_structures
+
+    _, space, _, _ = _cloud_problem("gpt2-medium")
+    types = set(space.types)
+    assert len(types) == 3
+    found = dive_structures(space)
+    assert len(found) == len(set(found))
+    used = [{st.gpu_type for st in s} for s in found]
+    assert any(len(u) == 2 for u in used)  # an ordered pair of types, without the third
+    for a, b in (("H100-SXM5-80GB", "A100-SXM4-80GB"), ("A100-SXM4-80GB", "H100-SXM5-80GB")):
+        for tp_a, tp_b in ((1, 2), (2, 1), (8, 4)):
+            want = ((a, tp_a, space.eligible_hosts(a, tp_a)),
+                    (b, tp_b, space.eligible_hosts(b, tp_b)))
+            assert any(tuple((st.gpu_type, st.tp, st.hosts) for st in s) == want
+                       and all(st.gpus == sum(space.capacity[h] for h in st.hosts)
+                               for st in s) for s in found), want
+
+
+@pytest.mark.parametrize("model", ["llama2-7b", "gpt3-6.7b"])
+def test_the_dive_beats_metis_and_megatron_on_cloud_mixed(model):
+    """On the mixed cloud cluster the Metis-style plan runs on the H100 hosts alone; a
+    pipeline of A100 then H100 stages is faster by the cost model, and the dive (so the
+    exact search's first incumbent) finds one."""
+    from hetpar.solvers.baselines import megatron
+    from hetpar.solvers.exact import dive
+
+    cm, space, obj, problem = _cloud_problem(model)
+    value, plan = dive(problem, time.time() + 120)
+    assert plan is not None
+    est = cm.evaluate(plan)
+    assert est.feasible and est.value(obj) == pytest.approx(value, rel=1e-12)
+    assert value < 0.97 * metis(cm, space, obj).value
+    assert value < 0.9 * megatron(cm, space, obj).value
+    types = {cm.cluster.host(r.host).gpu.name
+             for st in plan.stages for r in st.replicas}
+    assert len(types) >= 2

@@ -93,7 +93,7 @@ from typing import Any
 
 import numpy as np
 
-from hetpar.costmodel.estimate import CostModel, Estimate
+from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError
 from hetpar.plan import Plan, Replica, Stage
@@ -138,12 +138,15 @@ class _Search:
         self.evaluations += 1
         return self._record(plan, times, fits)
 
-    def estimate(self, plan: Plan) -> Estimate:
-        """The full estimate (per-stage memory) of an already-valid plan, also scored."""
-        est = self.cm.evaluate(plan, validate=False)
+    def measure(self, plan: Plan) -> tuple[float, list[float], list[float]]:
+        """(objective value, inf if it does not fit; each stage's peak bytes per GPU; each
+        stage's usable bytes) of an already-valid plan, from one evaluation without the
+        report objects (building them was half of Metis's time on mixed-32)."""
+        frame = self.cm.frame(plan)
+        core = self.cm.core_split(frame, [st.layers for st in plan.stages])
         self.evaluations += 1
-        self._record(plan, est.iter_time, est.feasible)
-        return est
+        value = self._record(plan, core.total, core.feasible)
+        return value, core.used, [sf.usable_bytes for sf in frame.stages]
 
     def solution(self, method: str, start: float, details: dict[str, Any]) -> Solution:
         plan = self.best_plan
@@ -331,10 +334,12 @@ def _build_layout(space: PlanSpace, used: Sequence[str], groups: Sequence[Sequen
 
 
 def _rebalance(search: _Search, space: PlanSpace, stages: Sequence[StageChoice],
-               layers: Sequence[int], m: int, rc: str, zero: int) -> float:
+               layers: Sequence[int], m: int, rc: str, zero: int,
+               first: tuple[list[float], list[float]]) -> float:
     """Move layers off overflowing stages until the plan fits; its value (inf if never).
 
-    Each step asks ``CostModel.evaluate`` for every stage's peak memory, estimates a
+    ``first``: the stages' peak and usable bytes under ``layers``, already measured (the
+    plan was just scored). Each step measures every stage's peak memory, estimates a
     stage's bytes per layer (from two observations once its layers have changed, else
     its bytes over its layers, an overestimate), and moves from each overflowing stage
     the layers it needs to drop to the stages with room for whole layers, most room
@@ -345,30 +350,27 @@ def _rebalance(search: _Search, space: PlanSpace, stages: Sequence[StageChoice],
     prev: list[tuple[int, float] | None] = [None] * p
     slope: list[float | None] = [None] * p
     seen: set[tuple[int, ...]] = set()
+    used, usable = first
     while tuple(layers) not in seen:
+        if seen:
+            if search.exhausted:
+                return math.inf
+            value, used, usable = search.measure(space.to_plan(stages, layers, m, rc, zero))
+            if math.isfinite(value):
+                return value
         seen.add(tuple(layers))
-        if search.exhausted:
-            return math.inf
-        est = search.estimate(space.to_plan(stages, layers, m, rc, zero))
-        if est.feasible:
-            return est.value(search.objective)
-        used = [s.memory_bytes for s in est.stages]
-        usable = [s.usable_bytes for s in est.stages]
         for i in range(p):
             if prev[i] is not None and prev[i][0] != layers[i]:
                 d = (used[i] - prev[i][1]) / (layers[i] - prev[i][0])
                 if d > 0:
                     slope[i] = d
             prev[i] = (layers[i], used[i])
-
-        def per_layer(i: int) -> float:
-            return slope[i] or used[i] / layers[i]
-
-        need = {i: math.ceil((used[i] - usable[i]) / per_layer(i))
+        per_layer = [slope[i] or used[i] / layers[i] for i in range(p)]
+        need = {i: math.ceil((used[i] - usable[i]) / per_layer[i])
                 for i in range(p) if used[i] > usable[i]}
         if any(layers[i] == 1 for i in need):
             return math.inf  # a stage of one layer overflows: moving layers cannot help
-        room = {i: math.floor((usable[i] - used[i]) / per_layer(i))
+        room = {i: math.floor((usable[i] - used[i]) / per_layer[i])
                 for i in range(p) if i not in need}
         moved = False
         for donor in sorted(need, key=lambda i: (-need[i], i)):
@@ -424,10 +426,11 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
                 if search.exhausted:
                     break
                 before = search.best_plan
-                value = search.score(space.to_plan(stages, layers, m, rc, zero))
+                value, used, usable = search.measure(space.to_plan(stages, layers, m, rc, zero))
                 fitted = math.isfinite(value)
                 if not fitted:
-                    value = _rebalance(search, space, stages, layers, m, rc, zero)
+                    value = _rebalance(search, space, stages, layers, m, rc, zero,
+                                       (used, usable))
                     counters["rebalanced_fits"] += math.isfinite(value)
                 if search.best_plan is not before:
                     best.clear()

@@ -204,8 +204,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # ended 6 s after every other). Ranking them would cost the workers' time in
         # this one process (2 s on amp-het-16); a subtree a bound prunes at its root
         # costs a worker as little. The largest is split one stage deeper into one part
-        # per worker, each part every n-th subtree below it: a worker's subtrees then
-        # share its bound tables (one task per subtree spread siblings over the workers,
+        # per worker, each part the subtrees of every n-th GPU count of the next stage:
+        # a worker's subtrees then share its bound tables (one task per subtree spread siblings over the workers,
         # and each built the tables of states the other had built: 8.2 CPU-seconds on
         # amp-het-16 against 5.4 for the same tasks in one process; 6.2 with parts).
         tasks.sort(key=lambda t: -sum(t.free(space)))

@@ -225,8 +225,17 @@ class Searcher:
                      if (nxt := sym.extend(stage)) is not None]
         if k == 0:
             self.counters.pruned_symmetry += len(children) - len(canonical)
-        for i, (stage, nxt) in enumerate(canonical):
-            if i % n == k:
+        part_of: dict[int, int] = {}
+        if n > 1:
+            # A part takes every n-th of the children's distinct GPU counts (largest
+            # first), not every n-th child: children that take as many GPUs leave as many
+            # free, and their subtrees reach many of the same states, whose bound tables
+            # the worker then builds once (every n-th child: 2.9 s on amp-het-16 with two
+            # workers, 55,800 nodes; by GPU count: 2.5 s, 51,800 nodes).
+            sizes = sorted({stage.gpus for stage, _ in canonical}, reverse=True)
+            part_of = {g: j % n for j, g in enumerate(sizes)}
+        for stage, nxt in canonical:
+            if n == 1 or part_of[stage.gpus] == k:
                 self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt,
                           opened)
 
@@ -637,9 +646,10 @@ class Task:
     seed: str = ""
     until: float = math.inf
     # (k, n): only the k-th of n parts of the plans below ``prefix``: part k searches the
-    # subtrees of the canonical next stages i with i % n == k (in the search's order) and
-    # part 0 also closes the prefix. One worker runs a part's subtrees one after the
-    # other, so they share its bound tables (siblings reach many of the same free GPUs).
+    # subtrees of the canonical next stages whose GPU count is the j-th largest of theirs
+    # with j % n == k, and part 0 also closes the prefix. One worker runs a part's
+    # subtrees one after the other, so they share its bound tables (siblings that take
+    # as many GPUs reach many of the same free GPUs).
     part: tuple[int, int] = (0, 1)
 
     def free(self, space: PlanSpace) -> tuple[int, ...]:
@@ -677,7 +687,8 @@ def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
 def split_task(problem: Problem, task: Task, parts: int | None = None) -> list[Task]:
     """The same plans as ``task`` (which expands) as smaller tasks: its prefix closed as
     a pipeline, and one task per canonical stage that may follow it; or, with ``parts``,
-    ``parts`` tasks that each search every ``parts``-th of those subtrees (``Task.part``).
+    ``parts`` tasks that each search the subtrees of every ``parts``-th GPU count of
+    those stages (``Task.part``).
     For balancing several workers: one subtree can hold half of a search."""
     space = problem.space
     free = task.free(space)

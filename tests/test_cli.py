@@ -298,3 +298,15 @@ def test_solve_without_a_plan_says_why_in_one_line(capsys, monkeypatch, stopped,
     code, _, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                        "--method", "exact", "--workers", "2")
     assert_one_line_error(code, err, why)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``hetpar solve --json | head``: the closed pipe ends the command with the shell's
+    SIGPIPE status and no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "hetpar", "solve", "--cluster", "amp-het-16",
+                             "--model", "gpt2-medium", "--method", "metis", "--samples", "2",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command writes anything
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141
+    assert b"Traceback" not in err and not err.strip()

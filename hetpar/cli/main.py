@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -770,6 +771,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hetpar: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (``hetpar solve --json | head``): what it read stands, and
+        # the interpreter must not fail again flushing stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a process killed by it
 
 
 if __name__ == "__main__":  # pragma: no cover

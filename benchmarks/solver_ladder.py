@@ -7,8 +7,9 @@ Each exact run stops at the time limit (default 60 s) and then reports its gap.
 
 For each instance it prints the exact search's wall time with 1 and 2 workers (the
 median of ``--repeats`` runs, one and two workers alternating, so that both see the
-same machine), whether it proved optimality within the limit (else its gap), the
-speed-up (the median of the paired runs' ratios), the share of the plan space never
+same machine; with repeats, every run and the range of the paired ratios too), whether
+it proved optimality within the limit (else its gap), the speed-up (the median of the
+paired runs' ratios), the share of the plan space never
 evaluated, and each baseline's objective relative to the best plan exact found
 (value / exact - 1). The first line says whether the bounds ran compiled (mypyc, see
 hatch_build.py) or as pure Python (HETPAR_PURE_PYTHON=1 forces the latter).
@@ -102,8 +103,10 @@ def main() -> None:
         w1, w2 = statistics.median(walls[1]), statistics.median(walls[2])
         ratio = statistics.median(a / b for a, b in zip(walls[1], walls[2]))
         if args.repeats > 1:
+            pairs = [a / b for a, b in zip(walls[1], walls[2])]
             print(f"  {name}: 1 worker {', '.join(f'{w:.1f}' for w in walls[1])} s; "
-                  f"2 workers {', '.join(f'{w:.1f}' for w in walls[2])} s")
+                  f"2 workers {', '.join(f'{w:.1f}' for w in walls[2])} s; "
+                  f"paired ratios {min(pairs):.2f}-{max(pairs):.2f}")
         print(f"{name:<26} {cluster.num_gpus:>4} {w1:>10.1f} {w2:>10.1f} {ratio:>8.2f} "
               f"{status:>22} {one.certificate.pruned_fraction:>15.6%}  {', '.join(rel)}")
 

@@ -205,9 +205,10 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # this one process (2 s on amp-het-16); a subtree a bound prunes at its root
         # costs a worker as little. The largest is split one stage deeper into one part
         # per worker, each part the subtrees of every n-th GPU count of the next stage:
-        # a worker's subtrees then share its bound tables (one task per subtree spread siblings over the workers,
-        # and each built the tables of states the other had built: 8.2 CPU-seconds on
-        # amp-het-16 against 5.4 for the same tasks in one process; 6.2 with parts).
+        # a worker's subtrees then share its bound tables (one task per subtree spread
+        # siblings over the workers, and each built the tables of states the other had
+        # built: 8.2 CPU-seconds on amp-het-16 against 5.4 for the same tasks in one
+        # process; 6.2 with parts).
         tasks.sort(key=lambda t: -sum(t.free(space)))
         if tasks:
             tasks = split_task(problem, tasks[0], parts=workers) + tasks[1:]

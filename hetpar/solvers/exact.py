@@ -720,8 +720,8 @@ def dive_structures(space: PlanSpace) -> list[tuple[StageChoice, ...]]:
     if 1 < len(space.types) <= 3:
         # Every ordered subset of the types, not only orders of all of them: a slow type
         # in the pipeline can cost more than it brings (on cloud-mixed the L4 hosts made
-        # every all-type order worse than the Metis-style plan; A100 then H100 alone beat
-        # it by 7%).
+        # every all-type order worse than the Metis-style plan; with GPT-3 6.7B, A100
+        # then H100 alone beat it by 7%).
         orders += [order for r in range(2, len(space.types) + 1)
                    for order in itertools.permutations(space.types, r)]
     levels = sorted({tp for t in space.types for tp in space.tp_options[t]})

@@ -165,6 +165,21 @@ def test_time_limit_returns_incumbent_bound_and_gap():
     assert cert.nodes > 0 and cert.space_size > cert.leaves
 
 
+def test_exact_beats_both_baselines_on_the_mixed_cloud_cluster_within_its_limit():
+    """The issue's quality target on cloud-mixed, as a user runs it: a 7B model needs
+    the A100 hosts besides the H100 ones, and a short anytime search returns a plan
+    faster than metis's (H100 only) and megatron's (its bound is still far below)."""
+    cluster = hetpar.load_cluster("cloud-mixed")
+    model, training = hetpar.load_model("llama2-7b"), hetpar.load_training()
+    exact = solve(cluster, model, training, method="exact", time_limit=6.0, samples=4)
+    assert exact.found and not exact.certificate.optimal
+    assert exact.certificate.lower_bound <= exact.value
+    validate_plan(exact.plan, cluster, model, training)
+    for method in ("metis", "megatron"):
+        base = solve(cluster, model, training, method=method, samples=4)
+        assert base.found and exact.value < 0.95 * base.value, method
+
+
 def test_a_model_that_fits_nowhere_is_refused():
     cluster = parse_cluster({"hosts": [{"name": "a", "gpu": "T4", "gpus": 1, "nic_gbps": 10}],
                              "topology": {"kind": "single_switch"}})

@@ -65,6 +65,45 @@ def test_exact_agrees_with_enumeration(seed):
         assert exact.estimate.value(objective) == pytest.approx(exact.value, rel=1e-12)
     # Pruning must do real work: never more full evaluations than enumeration.
     assert exact.evaluations <= brute.evaluations
+    if brute.found:
+        assert exact.details["found_by"] in ("metis", "dive", "search")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_exact_says_which_part_found_its_plan(workers):
+    """``details["found_by"]``: the seed whose plan stood (metis's, or the dive's when
+    better), or the exhaustive search when it found a better one."""
+    import time
+
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.costmodel.objective import Objective
+    from hetpar.solvers.baselines import metis
+    from hetpar.solvers.exact import Problem, dive
+
+    seen = set()
+    for seed in range(0, 120, 7):
+        cluster, model, training, objective = tiny_instance(seed)
+        exact = solve(cluster, model, training, method="exact", objective=objective,
+                      samples=4, seed=seed, workers=workers)
+        if not exact.found:
+            continue
+        cm = CostModel(cluster, model, training, samples=4, seed=seed)
+        space = PlanSpace(cluster, cm.model, training)
+        obj = Objective.parse(objective)
+        m = metis(cm, space, obj).value
+        d, _ = dive(Problem(cm, space, obj), time.time() + 60, m)
+        who = exact.details["found_by"]
+        seen.add(who)
+        if who == "metis":
+            assert exact.value == m
+        elif workers == 1:  # the seeds run first, the dive told to beat metis's plan
+            assert exact.value == d < m if who == "dive" else exact.value < min(m, d)
+        else:
+            # Both seeds run beside the search, the dive against the shared incumbent,
+            # which the search may lower first: the dive's plan may differ from its plan
+            # alone, and a plan that ties metis's may report first.
+            assert exact.value <= m
+    assert "search" in seen and len(seen) >= 2
 
 
 @pytest.mark.parametrize("tail", [0, 1, 2])

@@ -128,9 +128,16 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
                   f"[bold]{rep.false_infeasible}[/]")
 
 
+# Who found exact's best plan (``Solution.details["found_by"]``), in words.
+_FOUND_BY = {"metis": "the Metis-style seed", "dive": "the dive",
+             "search": "the exhaustive search"}
+
+
 def render_solution(console: Console, sol: Solution) -> None:
+    found = _FOUND_BY.get(sol.details.get("found_by", ""))
     console.print(f"[bold]{sol.method}[/]: objective {sol.objective} = {sol.value:.4f} s, "
-                  f"{sol.evaluations:,} plans scored in {sol.wall_s:.2f} s")
+                  f"{sol.evaluations:,} plans scored in {sol.wall_s:.2f} s"
+                  + (f"; best plan found by {found}" if found else ""))
     cert = sol.certificate
     if cert is None:
         return

@@ -158,20 +158,21 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                            leaves=0, space_size=float(first_level), space_size_exact=False,
                            wall_s=wall, workers=workers, stopped="space too large")
         return Solution("exact", obj.name, seed.plan if seed.found else None, seed.estimate,
-                        seed_value, wall, evaluations=0, certificate=cert)
+                        seed_value, wall, evaluations=0, certificate=cert,
+                        details={"found_by": "metis"} if seed.found else {})
     # A dive over a few deep-pipeline structures with a local search over them (0.5 s on
     # amp-het-16): an incumbent near the optimum before the exhaustive search prunes far
     # more than the heuristic's plan; a tenth of the time limit at most, from its start.
     dive_budget = 0.1 * time_limit if time_limit else 30.0
-    seed_value, seed_plan = math.inf, None
+    seed_value, seed_plan, seed_source = math.inf, None, ""
     if workers == 1:
         seed = metis(cm, space, obj)
         if seed.found:
-            seed_value, seed_plan = seed.value, seed.plan
+            seed_value, seed_plan, seed_source = seed.value, seed.plan, "metis"
         dive_value, dive_plan = dive(Problem(cm, space, obj, deadline, seed_value),
                                      time.time() + dive_budget, seed_value)
         if dive_plan is not None and dive_value < seed_value:
-            seed_value, seed_plan = dive_value, dive_plan
+            seed_value, seed_plan, seed_source = dive_value, dive_plan, "dive"
     problem = Problem(cm, space, obj, deadline, seed_value)
     # One task per first stage, also with several workers: each worker builds its own
     # bound tables, and subtrees below one first stage share most of them (tasks below
@@ -225,7 +226,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
             executor = InlineExecutor()
     results: dict[int, TaskResult] = {}
     counters = Counters()
-    best = (seed_value, seed_plan)
+    # Which part found the best plan: a seed ("metis", "dive") or the exhaustive search.
+    best = (seed_value, seed_plan, seed_source)
     subtrees = sum(1 for t in tasks if not t.seed)  # the progress counts these, not seeds
     subtrees_done = 0
 
@@ -235,7 +237,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         subtrees_done += not tasks[i].seed
         counters.add(res.counters)
         if res.value < best[0]:
-            best = (res.value, res.plan)
+            best = (res.value, res.plan, tasks[i].seed or "search")
         if progress is not None:
             progress(Progress(subtrees_done, subtrees, counters.nodes,
                               min(best[0], executor.incumbent()),
@@ -248,7 +250,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         stopped = "interrupted"
     if not stopped and (len(results) < len(tasks) or not all(r.finished for r in results.values())):
         stopped = "time limit"
-    value, plan = best
+    value, plan, found_by = best
     wall = time.perf_counter() - start
     if stopped:
         # Unfinished subtrees bound the optimum from below; finished ones are resolved.
@@ -292,4 +294,4 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
     est = cm.evaluate(plan) if plan is not None else None
     return Solution("exact", obj.name, plan, est, value, wall, evaluations=counters.leaves,
-                    certificate=cert)
+                    certificate=cert, details={"found_by": found_by} if plan is not None else {})

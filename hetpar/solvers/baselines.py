@@ -134,14 +134,13 @@ class _Search:
 
     def score(self, plan: Plan) -> float:
         """The plan's objective value (inf if it does not fit), via the fast path."""
-        times, fits = self.cm.iteration_times(plan)
-        self.evaluations += 1
-        return self._record(plan, times, fits)
+        return self.measure(plan)[0]
 
     def measure(self, plan: Plan) -> tuple[float, list[float], list[float]]:
         """(objective value, inf if it does not fit; each stage's peak bytes per GPU; each
         stage's usable bytes) of an already-valid plan, from one evaluation without the
-        report objects (building them was half of Metis's time on mixed-32)."""
+        report objects (building them was half of Metis's time on mixed-32): what
+        ``CostModel.iteration_times`` computes, with the memory figures kept."""
         frame = self.cm.frame(plan)
         core = self.cm.core_split(frame, [st.layers for st in plan.stages])
         self.evaluations += 1

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from hetpar.envs.env import PlanBuilderEnv
-from hetpar.envs.generator import list_suites
+from hetpar.problem.generator import list_suites
 
 
 def run_episode(env: PlanBuilderEnv, rng: np.random.Generator, seed: int) -> tuple[int, bool]:

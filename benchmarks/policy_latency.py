@@ -27,6 +27,7 @@ import time
 import hetpar
 from hetpar.agents.io import load_policy
 from hetpar.agents.planner import SPECULATE, plan_with_policy
+from hetpar.problem import Problem
 from hetpar.solvers import solve
 from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
 
@@ -76,8 +77,7 @@ def main() -> None:
                                           res.improve_s, time.perf_counter() - start,
                                           refined, res.value))
         start = time.perf_counter()
-        sol = solve(cluster, model, training, method="exact", time_limit=args.time_limit,
-                    samples=res.samples, seed=res.seed, objective=res.objective)
+        sol = solve(Problem.of(cluster, model, training, samples=res.samples, seed=res.seed, objective=res.objective), method="exact", time_limit=args.time_limit)
         exact_s = time.perf_counter() - start
         cert = sol.certificate
         proven = cert is not None and cert.optimal

@@ -23,6 +23,7 @@ import time
 
 import hetpar
 from hetpar.cluster import parse_cluster
+from hetpar.problem import Problem
 from hetpar.solvers import bounds, solve
 
 MIXED_32 = {
@@ -88,9 +89,7 @@ def main() -> None:
         for _ in range(max(1, args.repeats)):
             for workers in (1, 2):
                 t0 = time.perf_counter()
-                runs[workers] = solve(cluster, model, training, method="exact",
-                                      workers=workers, time_limit=args.time_limit,
-                                      samples=args.samples)
+                runs[workers] = solve(Problem.of(cluster, model, training, samples=args.samples), method="exact", workers=workers, time_limit=args.time_limit)
                 walls[workers].append(time.perf_counter() - t0)
         one, two = runs[1], runs[2]
         best = min(one.value, two.value)
@@ -98,7 +97,7 @@ def main() -> None:
                   f"gap {min(one.gap, two.gap):.1%} at limit")
         rel = []
         for method in ("megatron", "metis", "random"):
-            b = solve(cluster, model, training, method=method, samples=args.samples)
+            b = solve(Problem.of(cluster, model, training, samples=args.samples), method=method)
             rel.append(f"{method} {b.value / best - 1:+.1%}" if b.found else f"{method} none")
         w1, w2 = statistics.median(walls[1]), statistics.median(walls[2])
         ratio = statistics.median(a / b for a, b in zip(walls[1], walls[2]))

@@ -19,7 +19,7 @@ from hetpar.agents.io import (META_MEMBER, check_compatible, default_policy_path
 from hetpar.agents.policy import HostAttentionPolicy, count_parameters  # noqa: E402
 from hetpar.configio import bundled_dir  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
-from hetpar.envs.types import Instance  # noqa: E402
+from hetpar.problem.instance import Instance  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
 from hetpar.plan import validate_plan  # noqa: E402
 

@@ -14,7 +14,7 @@ from hetpar.cluster import parse_cluster
 from hetpar.costmodel.objective import Objective
 from hetpar.solvers import baselines
 from hetpar.solvers.baselines import BASELINES, best_of, megatron, metis, random
-from hetpar.solvers.space import PlanSpace
+from hetpar.problem.space import PlanSpace
 
 
 def make(cluster, model="gpt2-medium", training=None, samples=4):

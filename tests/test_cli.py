@@ -262,7 +262,7 @@ def test_solve_exact_with_a_time_limit_reports_bound_and_gap(capsys):
     cert = data["certificate"]
     assert cert["stopped"] == "time limit" and not cert["optimal"]
     assert cert["lower_bound_s"] <= data["value_s"] and data["gap"] >= 0
-    assert data["details"]["found_by"] in ("metis", "dive", "search")
+    assert data["found_by"] in ("metis", "dive", "search")
     code, text, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                           "--time-limit", "1", "--samples", "4")
     assert code == 0, err
@@ -294,7 +294,7 @@ def test_solve_without_a_plan_says_why_in_one_line(capsys, monkeypatch, stopped,
     """An exact search stopped before any plan (Ctrl-C, or the limit, while the seeds
     still run on the workers) ends with one line naming the reason, exit status 2."""
     import hetpar.solvers.api as api
-    from hetpar.solvers.solution import Certificate, Solution
+    from hetpar.problem.solution import Certificate, Solution
 
     cert = Certificate(optimal=False, lower_bound=0.0, nodes=0, leaves=0, space_size=1.0,
                        space_size_exact=False, wall_s=0.1, workers=2, stopped=stopped)

@@ -462,11 +462,11 @@ def test_estimate_is_seeded_and_its_measures_are_ordered(inst, k, seed):
     assert a.iter_time_cvar90 == a.cvar(0.9)
     assert a.cvar(0.0) == pytest.approx(a.iter_time_mean, rel=1e-12)
     if a.feasible:
-        assert a.value("mean") == pytest.approx(a.iter_time_mean)
-        assert a.value("p90") == pytest.approx(a.iter_time_p90)
-        assert a.value("cvar0.9") == pytest.approx(a.cvar(0.9))
+        assert a.value(Objective.parse("mean")) == pytest.approx(a.iter_time_mean)
+        assert a.value(Objective.parse("p90")) == pytest.approx(a.iter_time_p90)
+        assert a.value(Objective.parse("cvar0.9")) == pytest.approx(a.cvar(0.9))
     else:
-        assert a.value("mean") == float("inf")
+        assert a.value(Objective.parse("mean")) == float("inf")
         assert a.overflow
 
 
@@ -509,7 +509,7 @@ def test_infeasible_plan_scores_infinite():
         {"layers": 24, "tp": 1, "replicas": [{"host": "t4", "gpus": [0]}]}]})
     est = estimate(cluster, model, training, plan, samples=4, seed=0, constants=CONSTANTS)
     assert not est.feasible
-    assert est.value("mean") == est.value("p90") == float("inf")
+    assert est.value(Objective.parse("mean")) == est.value(Objective.parse("p90")) == float("inf")
     assert np.all(np.isfinite(est.iter_time))  # the time is still reported
     (message,) = est.overflow
     assert "stage 0" in message and "t4" in message and "T4-16GB" in message

@@ -16,10 +16,12 @@ from hetpar.costmodel.estimate import CostModel  # noqa: E402
 from hetpar.costmodel.objective import Objective  # noqa: E402
 from hetpar.envs import ENV_ID  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv, random_masked_action  # noqa: E402
-from hetpar.envs.generator import load_suite  # noqa: E402
-from hetpar.envs.types import Instance  # noqa: E402
+from hetpar.problem.generator import load_suite  # noqa: E402
+from hetpar.problem.instance import Instance  # noqa: E402
 from hetpar.errors import ConfigError, InfeasibleError  # noqa: E402
-from hetpar.solvers import PlanSpace, solve  # noqa: E402
+from hetpar.problem import PlanSpace
+from hetpar.problem import Problem
+from hetpar.solvers import solve  # noqa: E402
 from hetpar.solvers.brute import compositions, skeletons  # noqa: E402
 
 GPU_TYPES = ("V100-SXM2-16GB", "T4-16GB", "A100-SXM4-40GB", "L4-24GB")
@@ -184,8 +186,7 @@ def test_replaying_exact_gives_its_objective_and_nothing_beats_it(seed):
     objective = ["mean", "p90", "cvar0.9"][seed % 3]
     env = PlanBuilderEnv(inst, bandwidth="robust", samples=4, objective=objective)
     env.reset(seed=0)
-    sol = solve(inst.cluster, inst.model, inst.training, method="exact", objective=objective,
-                samples=4, seed=inst.seed)
+    sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=4, seed=inst.seed), method="exact")
     info = play(env, env.actions_for(sol.plan))
     assert info["objective_s"] == pytest.approx(sol.value, rel=1e-9)
     rng = np.random.default_rng(seed)
@@ -204,8 +205,7 @@ def test_replaying_baseline_plans_on_a_bundled_instance():
     env = PlanBuilderEnv([inst], bandwidth="robust", samples=8)
     env.reset(seed=0)
     for method in ("metis", "megatron"):
-        sol = solve(inst.cluster, inst.model, inst.training, method=method, samples=8,
-                    seed=inst.seed)
+        sol = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=8, seed=inst.seed), method=method)
         if not sol.found:
             continue
         env.reset(seed=0)
@@ -238,8 +238,8 @@ def test_permuting_hosts_permutes_observation_and_keeps_optimum(seed):
     np.testing.assert_allclose(ob["hosts"][:n], oa["hosts"][order])
     np.testing.assert_allclose(ob["pairs"][:n, :n], oa["pairs"][np.ix_(order, order)])
     np.testing.assert_array_equal(ob["globals"], oa["globals"])
-    va = solve(inst.cluster, inst.model, inst.training, method="exact", samples=2).value
-    vb = solve(other.cluster, other.model, other.training, method="exact", samples=2).value
+    va = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=2), method="exact").value
+    vb = solve(Problem.of(other.cluster, other.model, other.training, samples=2), method="exact").value
     assert vb == pytest.approx(va, rel=1e-9)
     # The same actions with host slots relabelled build equally good plans.
     rng = np.random.default_rng(seed)

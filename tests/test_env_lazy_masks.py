@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("gymnasium")
 
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
-from hetpar.envs.generator import load_suite  # noqa: E402
+from hetpar.problem.generator import load_suite  # noqa: E402
 
 
 def _twins(suite: str, count: int) -> tuple[PlanBuilderEnv, PlanBuilderEnv]:

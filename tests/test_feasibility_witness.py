@@ -9,7 +9,7 @@ import pytest
 from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
 from hetpar.envs.context import InstanceContext
 from hetpar.envs.feasibility import Completions
-from hetpar.envs.generator import load_suite
+from hetpar.problem.generator import load_suite
 
 CASES = [("train-small", i) for i in range(4)] + [("test-larger", i) for i in range(2)]
 
@@ -105,7 +105,7 @@ def test_every_witnessed_count_has_a_completion_that_fits(suite, index):
 def test_a_witnessed_whole_plan_is_feasible_by_the_cost_model(suite, index):
     """End to end: the witness's completion of the whole model from the empty cluster is a
     plan that the cost model accepts and finds fitting."""
-    from hetpar.solvers.space import StageChoice
+    from hetpar.problem.space import StageChoice
 
     ctx = _context(suite, index)
     layers = ctx.cm.model.layers

@@ -19,8 +19,9 @@ from hetpar.agents.train import load_train_config, parse_train_config, train  # 
 from hetpar.costmodel.estimate import CostModel  # noqa: E402
 from hetpar.costmodel.objective import Objective  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
-from hetpar.envs.generator import load_suite  # noqa: E402
+from hetpar.problem.generator import load_suite  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
+from hetpar.problem import Problem
 from hetpar.solvers import solve  # noqa: E402
 
 METIS = ImitationConfig(experts=("metis",), epochs=1)
@@ -42,7 +43,7 @@ def _metis_plans(env: PlanBuilderEnv, n: int) -> dict:
     out = {}
     for i in range(n):
         inst = env.source.get(i)
-        out[i] = solve(inst.cluster, inst.model, inst.training, method="metis", samples=8).plan
+        out[i] = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=8), method="metis").plan
     return out
 
 
@@ -53,7 +54,7 @@ def test_expert_plans_are_the_best_method_and_cached(tmp_path: Path) -> None:
     suite = load_suite("tiny")
     for i, plan in plans.items():
         inst = suite.instance(i)
-        sols = [solve(inst.cluster, inst.model, inst.training, method=m, samples=8, seed=0)
+        sols = [solve(Problem.of(inst.cluster, inst.model, inst.training, samples=8, seed=0), method=m)
                 for m in ("metis", "megatron")]
         cm = CostModel(inst.cluster, inst.model, inst.training, samples=8, seed=0)
         assert plan is not None

@@ -12,7 +12,9 @@ from hetpar.cli.main import main
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import validate_plan
-from hetpar.solvers import PlanSpace, solve
+from hetpar.problem import PlanSpace
+from hetpar.problem import Problem
+from hetpar.solvers import solve
 from hetpar.solvers.brute import skeletons
 from hetpar.solvers.local_search import (
     coarsenings,
@@ -111,7 +113,7 @@ def test_host_groups_are_the_single_linkage_clusters_of_route_bandwidth(name):
     WAN link is a group), the groups nest, and single hosts and the whole cluster are
     among them."""
     import hetpar
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     if "/" in name:
         suite, index = name.split("/")
@@ -142,7 +144,7 @@ def test_host_groups_are_the_single_linkage_clusters_of_route_bandwidth(name):
 
 
 def test_host_groups_find_the_sites_of_a_geo_cluster():
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     groups = host_groups(load_suite("test-geo").instance(6).cluster)
     assert (3, 4, 5) in groups and (1, 2) in groups
@@ -155,7 +157,7 @@ def test_site_seeds_reach_metis_from_the_single_rollout():
     (-6) behind the best plan known; it now reaches or beats metis's plan on each."""
     from hetpar.agents.io import default_policy_path, load_policy
     from hetpar.agents.planner import plan_with_policy
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     if not default_policy_path().is_file():
         pytest.skip("no shipped policy in this checkout")
@@ -164,8 +166,7 @@ def test_site_seeds_reach_metis_from_the_single_rollout():
         inst = load_suite("test-geo").instance(index)
         found = plan_with_policy(bundle, inst, samples=2, beam=1,
                                  improve_evaluations=200_000)
-        metis = solve(inst.cluster, inst.model, inst.training, method="metis", samples=2,
-                      seed=0)
+        metis = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=2, seed=0), method="metis")
         assert found.value <= metis.value * (1 + 1e-9), index
 
 
@@ -176,7 +177,7 @@ def test_global_moves_drop_a_type_and_use_idle_gpus():
     metis). One climb from hetpar plan's plan (beam 4), default budget, reaches both."""
     from hetpar.agents.io import default_policy_path, load_policy
     from hetpar.agents.planner import plan_with_policy
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     if not default_policy_path().is_file():
         pytest.skip("no shipped policy in this checkout")
@@ -186,8 +187,7 @@ def test_global_moves_drop_a_type_and_use_idle_gpus():
         base = plan_with_policy(bundle, inst, samples=2, beam=4)
         found = plan_with_policy(bundle, inst, samples=2, beam=4,
                                  improve_evaluations=200_000)
-        metis = solve(inst.cluster, inst.model, inst.training, method="metis", samples=2,
-                      seed=0)
+        metis = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=2, seed=0), method="metis")
         assert found.value <= metis.value * (1 + 1e-9) < base.value
 
 
@@ -198,7 +198,7 @@ def test_a_deep_pipeline_coarsens_to_one_data_parallel_stage():
     or of all 32 (grown into the free GPUs), and the climb's first move reaches metis's
     plan, 33% faster than the deep pipeline."""
     import hetpar
-    from hetpar.solvers.space import StageChoice
+    from hetpar.problem.space import StageChoice
 
     cluster = hetpar.load_cluster("dgx-a100-superpod-16")
     model, training = hetpar.load_model("gpt3-6.7b"), hetpar.load_training(None)
@@ -212,7 +212,7 @@ def test_a_deep_pipeline_coarsens_to_one_data_parallel_stage():
     deep = complete_structure(cm, space, obj, stages)
     assert deep.plan is not None
     imp = improve_structure(cm, space, obj, deep.plan, max_evaluations=30_000)
-    metis = solve(cluster, model, training, method="metis", samples=2, seed=0)
+    metis = solve(Problem.of(cluster, model, training, samples=2, seed=0), method="metis")
     assert imp.value <= metis.value * (1 + 1e-9)
     assert imp.value < 0.8 * deep.value and imp.evaluations <= 30_000 + 6000
 
@@ -241,8 +241,7 @@ def test_the_climb_never_loses_and_ends_at_a_local_optimum(seed):
                                neighbour_steps=10**9, depth=1)
     assert imp.value <= single.value <= start
     # The exact optimum over the space is never beaten by it.
-    exact = solve(cluster, model, training, method="exact", objective=obj, samples=4,
-                  seed=seed)
+    exact = solve(Problem.of(cluster, model, training, objective=obj, samples=4, seed=seed), method="exact")
     assert exact.value <= imp.value * (1 + 1e-12)
     # Deterministic: the same climb twice.
     again = improve_structure(cm, space, obj, plan, max_evaluations=None,
@@ -276,7 +275,7 @@ def shipped():
 
 def test_plan_with_local_search_is_never_worse(shipped):
     from hetpar.agents.planner import plan_with_policy
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     inst = load_suite("test-iid").instance(5)
     base = plan_with_policy(shipped, inst, samples=2, beam=1)

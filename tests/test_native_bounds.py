@@ -20,11 +20,12 @@ import pytest
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
+from hetpar.problem import Problem
 from hetpar.solvers import bounds, solve
 from hetpar.solvers.baselines import metis
 from hetpar.solvers.brute import skeletons
-from hetpar.solvers.exact import LocalIncumbent, Problem, Task, make_bounds, search_subtree
-from hetpar.solvers.space import PlanSpace
+from hetpar.solvers.exact import LocalIncumbent, SearchProblem, Task, make_bounds, search_subtree
+from hetpar.problem.space import PlanSpace
 from tests.test_solver_admissible import small_instance
 from tests.test_solvers import tiny_instance
 
@@ -63,7 +64,7 @@ def test_an_install_with_a_compiler_builds_the_twin():
 def test_the_search_runs_the_twin():
     cluster, model, training, objective = tiny_instance(0)
     cm = CostModel(cluster, model, training, samples=4)
-    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    problem = SearchProblem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
     assert bounds.Bounds is bounds.NATIVE.Bounds is not bounds.PureBounds
     assert type(make_bounds(problem)) is bounds.NATIVE.Bounds
 
@@ -94,8 +95,7 @@ def test_the_twin_decides_every_prefix_as_the_source(seed):
     zero = max(space.zero_stages)
     pure = bounds.PureBounds(cm, space, obj, zero)
     twin = bounds.NATIVE.Bounds(cm, space, obj, zero)
-    best = solve(cluster, model, training, method="exact", objective=objective, samples=4,
-                 seed=seed).value
+    best = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="exact").value
     targets = [best * f for f in (0.6, 0.9, 0.99, 1.0, 1.01, 1.2, 2.0)] + [math.inf]
     rng = np.random.default_rng(seed)
     compared = 0
@@ -115,9 +115,8 @@ def test_seed_tasks_offer_the_heuristics_plans():
     cm = CostModel(cluster, model, training, samples=4, seed=11)
     space = PlanSpace(cluster, cm.model, training)
     obj = Objective.parse(objective)
-    problem = Problem(cm, space, obj)
-    optimum = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                    seed=11).value
+    problem = SearchProblem(cm, space, obj)
+    optimum = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=11), method="brute").value
 
     incumbent = LocalIncumbent()
     got = search_subtree(problem, Task((), seed="metis"), incumbent)
@@ -137,10 +136,8 @@ def test_seed_tasks_offer_the_heuristics_plans():
 def test_two_workers_agree_with_enumeration(seed):
     """Seeds on the pool, the largest subtree split: the optimum is the same."""
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
-    two = solve(cluster, model, training, method="exact", objective=objective, samples=4,
-                seed=seed, workers=2)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
+    two = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="exact", workers=2)
     assert two.certificate.optimal and two.certificate.workers == 2
     assert two.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
 
@@ -152,7 +149,7 @@ def test_a_stopped_dive_ends_at_once():
 
     cluster, model, training, objective = tiny_instance(21)
     cm = CostModel(cluster, model, training, samples=4, seed=21)
-    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    problem = SearchProblem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
     calls = []
 
     def stop() -> bool:
@@ -166,7 +163,7 @@ def test_a_stopped_dive_ends_at_once():
     assert (plan is None) == (not math.isfinite(value))
 
 
-def _cloud_problem(model: str) -> tuple[CostModel, PlanSpace, Objective, Problem]:
+def _cloud_problem(model: str) -> tuple[CostModel, PlanSpace, Objective, SearchProblem]:
     import hetpar
 
     cluster = hetpar.load_cluster("cloud-mixed")
@@ -174,7 +171,7 @@ def _cloud_problem(model: str) -> tuple[CostModel, PlanSpace, Objective, Problem
     cm = CostModel(cluster, hetpar.load_model(model), training, samples=4)
     space = PlanSpace(cluster, cm.model, training)
     obj = Objective.parse("mean")
-    return cm, space, obj, Problem(cm, space, obj)
+    return cm, space, obj, SearchProblem(cm, space, obj)
 
 
 def test_dive_structures_leave_slow_types_out_and_mix_tp_degrees():

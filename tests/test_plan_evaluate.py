@@ -22,10 +22,10 @@ from hetpar.agents.planner import plan_with_policy
 from cli_helpers import assert_one_line_error, run  # noqa: E402
 from hetpar.cluster.topology import load_cluster
 from hetpar.costmodel.estimate import CostModel
-from hetpar.envs.generator import load_suite, save_instances
+from hetpar.problem.generator import load_suite, save_instances
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError
-from hetpar.solvers import PlanSpace
+from hetpar.problem import PlanSpace
 from hetpar.solvers.refine import refine_plan
 from hetpar.workload.model import load_model
 from hetpar.workload.training import load_training

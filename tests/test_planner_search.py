@@ -20,7 +20,7 @@ from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
 from hetpar.costmodel.estimate import CostModel  # noqa: E402
 from hetpar.costmodel.objective import Objective  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
-from hetpar.envs.generator import load_suite  # noqa: E402
+from hetpar.problem.generator import load_suite  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
 from hetpar.plan import validate_plan  # noqa: E402
 

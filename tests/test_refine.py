@@ -10,7 +10,7 @@ from test_solvers import tiny_instance
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.solvers import PlanSpace
+from hetpar.problem import PlanSpace
 from hetpar.solvers.brute import compositions, skeletons
 from hetpar.solvers.refine import refine_plan
 

@@ -19,8 +19,8 @@ from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.brute import compositions, skeletons
-from hetpar.solvers.exact import Problem, make_bounds
-from hetpar.solvers.space import PlanSpace
+from hetpar.solvers.exact import SearchProblem, make_bounds
+from hetpar.problem.space import PlanSpace
 from hetpar.workload import parse_model, parse_training
 from tests.test_solvers import GPU_TYPES, tiny_instance
 
@@ -76,14 +76,14 @@ def _small_bounds(seed: int) -> tuple[CostModel, PlanSpace, Bounds]:
     cluster, model, training, objective = small_instance(seed)
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
     space = PlanSpace(cluster, cm.model, training)
-    return cm, space, make_bounds(Problem(cm, space, Objective.parse(objective)))
+    return cm, space, make_bounds(SearchProblem(cm, space, Objective.parse(objective)))
 
 
 def _check_bounds(cluster, model, training, objective, seed, budget=1500):
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
     space = PlanSpace(cluster, cm.model, training)
     obj = Objective.parse(objective)
-    bounds = make_bounds(Problem(cm, space, obj))
+    bounds = make_bounds(SearchProblem(cm, space, obj))
     zero = max(space.zero_stages)
     rng = np.random.default_rng(seed)
     plans = []
@@ -137,7 +137,7 @@ def test_crossing_terms_are_below_the_cost_models_transfers():
         cluster, model, training, objective = small_instance(seed)
         cm = CostModel(cluster, model, training, samples=4, seed=seed)
         space = PlanSpace(cluster, cm.model, training)
-        bounds = make_bounds(Problem(cm, space, Objective.parse(objective)))
+        bounds = make_bounds(SearchProblem(cm, space, Objective.parse(objective)))
         skel = [s for s in skeletons(space, 2) if len(s) == 2]
         for a, b in skel[:200]:
             for m in space.micro_batch_options([a.dp, b.dp]):
@@ -173,7 +173,7 @@ def test_tied_and_spread_floors_are_below_the_data_parallel_phase(seed):
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
     space = PlanSpace(cluster, cm.model, training)
     obj = Objective.parse(objective)
-    bounds = make_bounds(Problem(cm, space, obj))
+    bounds = make_bounds(SearchProblem(cm, space, obj))
     zero = max(space.zero_stages)
     rng = np.random.default_rng(seed)
     skel = [s for s in skeletons(space, cm.model.layers) if len(s) >= 2]

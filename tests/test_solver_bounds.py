@@ -8,8 +8,8 @@ import pytest
 import hetpar
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.solvers.exact import Problem, _SuffixFill, root_tasks
-from hetpar.solvers.space import PlanSpace
+from hetpar.solvers.exact import SearchProblem, _SuffixFill, root_tasks
+from hetpar.problem.space import PlanSpace
 
 
 def _waterfill_reference(a: list[float], g: list[float], total: float) -> float:
@@ -44,7 +44,7 @@ def test_deeper_task_split_covers_the_same_prefixes():
     training = hetpar.load_training()
     cm = CostModel(cluster, model, training, samples=1)
     space = PlanSpace(cluster, cm.model, training)
-    problem = Problem(cm, space, Objective.parse("mean"))
+    problem = SearchProblem(cm, space, Objective.parse("mean"))
     one = root_tasks(problem, depth=1)
     two = root_tasks(problem, depth=2)
     assert all(t.expand for t in one)

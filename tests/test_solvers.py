@@ -9,9 +9,11 @@ import pytest
 
 import hetpar
 from hetpar.cluster import parse_cluster
+from hetpar.costmodel.objective import Objective
 from hetpar.errors import InfeasibleError, PlanError
 from hetpar.plan import validate_plan
-from hetpar.solvers import PlanSpace, solve
+from hetpar.problem import PlanSpace, Problem
+from hetpar.solvers import solve
 from hetpar.solvers.brute import compositions, skeletons
 from hetpar.workload import parse_model, parse_training
 
@@ -54,45 +56,42 @@ def tiny_instance(seed: int):
 @pytest.mark.parametrize("seed", range(200))
 def test_exact_agrees_with_enumeration(seed):
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
-    exact = solve(cluster, model, training, method="exact", objective=objective, samples=4,
-                  seed=seed)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
+    exact = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="exact")
     assert exact.certificate.optimal
     assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
     if brute.found:
         validate_plan(exact.plan, cluster, model, training)
-        assert exact.estimate.value(objective) == pytest.approx(exact.value, rel=1e-12)
+        assert exact.estimate.value(Objective.parse(objective)) == pytest.approx(exact.value, rel=1e-12)
     # Pruning must do real work: never more full evaluations than enumeration.
     assert exact.evaluations <= brute.evaluations
     if brute.found:
-        assert exact.details["found_by"] in ("metis", "dive", "search")
+        assert exact.found_by in ("metis", "dive", "search")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_exact_says_which_part_found_its_plan(workers):
-    """``details["found_by"]``: the seed whose plan stood (metis's, or the dive's when
+    """``found_by``: the seed whose plan stood (metis's, or the dive's when
     better), or the exhaustive search when it found a better one."""
     import time
 
     from hetpar.costmodel.estimate import CostModel
     from hetpar.costmodel.objective import Objective
     from hetpar.solvers.baselines import metis
-    from hetpar.solvers.exact import Problem, dive
+    from hetpar.solvers.exact import SearchProblem, dive
 
     seen = set()
     for seed in range(0, 120, 7):
         cluster, model, training, objective = tiny_instance(seed)
-        exact = solve(cluster, model, training, method="exact", objective=objective,
-                      samples=4, seed=seed, workers=workers)
+        exact = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="exact", workers=workers)
         if not exact.found:
             continue
         cm = CostModel(cluster, model, training, samples=4, seed=seed)
         space = PlanSpace(cluster, cm.model, training)
         obj = Objective.parse(objective)
         m = metis(cm, space, obj).value
-        d, _ = dive(Problem(cm, space, obj), time.time() + 60, m)
-        who = exact.details["found_by"]
+        d, _ = dive(SearchProblem(cm, space, obj), time.time() + 60, m)
+        who = exact.found_by
         seen.add(who)
         if who == "metis":
             assert exact.value == m
@@ -117,10 +116,8 @@ def test_the_split_tree_agrees_with_enumeration(seed, tail, monkeypatch):
     monkeypatch.setattr(exact_module, "ENUMERATE_SPLITS", 0)
     monkeypatch.setattr(exact_module, "_TAIL_STAGES", tail)
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
-    exact = solve(cluster, model, training, method="exact", objective=objective, samples=4,
-                  seed=seed)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
+    exact = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="exact")
     assert exact.certificate.optimal
     assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
 
@@ -134,8 +131,8 @@ def test_identical_hosts_are_searched_once():
     training = parse_training({"global_batch": 4, "recompute": ["none"], "zero": [0]})
     space = PlanSpace(cluster, model, training)
     assert space.classes == ((0, 1, 2),)
-    brute = solve(cluster, model, training, method="brute", samples=1)
-    exact = solve(cluster, model, training, method="exact", samples=1)
+    brute = solve(Problem.of(cluster, model, training, samples=1), method="brute")
+    exact = solve(Problem.of(cluster, model, training, samples=1), method="exact")
     assert exact.value == pytest.approx(brute.value, rel=1e-12)
     assert exact.certificate.pruned_symmetry > 0
 
@@ -186,17 +183,15 @@ def test_enumeration_helpers_count_what_they_should():
 
 def test_parallel_search_finds_the_same_optimum():
     cluster, model, training, objective = tiny_instance(7)
-    one = solve(cluster, model, training, method="exact", objective=objective, samples=4)
-    two = solve(cluster, model, training, method="exact", objective=objective, samples=4,
-                workers=2)
+    one = solve(Problem.of(cluster, model, training, objective=objective, samples=4), method="exact")
+    two = solve(Problem.of(cluster, model, training, objective=objective, samples=4), method="exact", workers=2)
     assert two.certificate.workers == 2 and two.certificate.optimal
     assert two.value == pytest.approx(one.value, rel=1e-12)
 
 
 def test_time_limit_returns_incumbent_bound_and_gap():
     cluster = hetpar.load_cluster("amp-het-16")
-    sol = solve(cluster, hetpar.load_model("gpt2-medium"), hetpar.load_training(),
-                method="exact", time_limit=1.0, samples=4)
+    sol = solve(Problem.of(cluster, hetpar.load_model("gpt2-medium"), hetpar.load_training(), samples=4), method="exact", time_limit=1.0)
     cert = sol.certificate
     assert sol.found and cert.stopped == "time limit" and not cert.optimal
     assert 0 < cert.lower_bound <= sol.value
@@ -210,12 +205,12 @@ def test_exact_beats_both_baselines_on_the_mixed_cloud_cluster_within_its_limit(
     faster than metis's (H100 only) and megatron's (its bound is still far below)."""
     cluster = hetpar.load_cluster("cloud-mixed")
     model, training = hetpar.load_model("llama2-7b"), hetpar.load_training()
-    exact = solve(cluster, model, training, method="exact", time_limit=6.0, samples=4)
+    exact = solve(Problem.of(cluster, model, training, samples=4), method="exact", time_limit=6.0)
     assert exact.found and not exact.certificate.optimal
     assert exact.certificate.lower_bound <= exact.value
     validate_plan(exact.plan, cluster, model, training)
     for method in ("metis", "megatron"):
-        base = solve(cluster, model, training, method=method, samples=4)
+        base = solve(Problem.of(cluster, model, training, samples=4), method=method)
         assert base.found and exact.value < 0.95 * base.value, method
 
 
@@ -224,14 +219,14 @@ def test_a_model_that_fits_nowhere_is_refused():
                              "topology": {"kind": "single_switch"}})
     with pytest.raises(InfeasibleError, match="no feasible plan: the smallest per-GPU "
                                               "footprint is .* GiB, the largest GPU has"):
-        solve(cluster, hetpar.load_model("llama2-70b"), hetpar.load_training(), method="exact")
+        solve(Problem.of(cluster, hetpar.load_model("llama2-70b"), hetpar.load_training()), method="exact")
 
 
 @pytest.mark.parametrize("method", ["megatron", "metis", "random"])
 def test_exact_is_never_beaten_by_a_baseline(method):
     cluster, model, training, objective = tiny_instance(11)
-    exact = solve(cluster, model, training, method="exact", objective=objective, samples=4)
-    base = solve(cluster, model, training, method=method, objective=objective, samples=4)
+    exact = solve(Problem.of(cluster, model, training, objective=objective, samples=4), method="exact")
+    base = solve(Problem.of(cluster, model, training, objective=objective, samples=4), method=method)
     if base.found and exact.plan is not None:
         # Megatron plans may leave the space (mixed-type stages); the others may not.
         if method != "megatron":
@@ -244,8 +239,7 @@ def test_compute_floor_never_exceeds_the_optimum(seed):
     from hetpar.costmodel.estimate import CostModel
     from hetpar.solvers.api import _compute_floor
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
     if brute.found:
         cm = CostModel(cluster, model, training, samples=4, seed=seed)
         assert _compute_floor(cm) <= brute.value
@@ -255,19 +249,18 @@ def test_a_first_level_too_large_to_list_answers_with_the_seed_or_refuses():
     """Many identical hosts give hundreds of millions of first stages: instead of
     exhausting memory, a time-limited search returns the seed plan with a bound, and an
     unlimited one says why it cannot start."""
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
     from hetpar.errors import HetparError
     from hetpar.solvers.api import MAX_FIRST_STAGES
 
     inst = load_suite("test-larger").instance(0)
     space = PlanSpace(inst.cluster, inst.model, inst.training)
     assert space.count_stage_choices(space.capacity) > MAX_FIRST_STAGES
-    sol = solve(inst.cluster, inst.model, inst.training, method="exact", time_limit=2,
-                samples=4)
+    sol = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=4), method="exact", time_limit=2)
     assert sol.found and sol.certificate.stopped == "space too large"
     assert 0 < sol.certificate.lower_bound <= sol.value
     with pytest.raises(HetparError, match="possible first stages"):
-        solve(inst.cluster, inst.model, inst.training, method="exact", samples=4)
+        solve(Problem.of(inst.cluster, inst.model, inst.training, samples=4), method="exact")
 
 
 def test_count_stage_choices_matches_the_listing():
@@ -298,7 +291,7 @@ def test_space_size_probes_draw_as_a_listing_would():
 
     import numpy as np
 
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
     from hetpar.solvers.exact import estimate_space_size
 
     inst = load_suite("test-iid").instance(0)
@@ -330,14 +323,13 @@ def test_tasks_below_two_stages_find_the_optimum(seed):
     (M, recompute) pairs its first stage leaves open, still cover the optimum."""
     from hetpar.costmodel.estimate import CostModel
     from hetpar.costmodel.objective import Objective
-    from hetpar.solvers.exact import LocalIncumbent, Problem, root_tasks, search_subtree
-    from hetpar.solvers.space import PlanSpace
+    from hetpar.solvers.exact import LocalIncumbent, SearchProblem, root_tasks, search_subtree
+    from hetpar.problem.space import PlanSpace
 
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
-    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    problem = SearchProblem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
     incumbent = LocalIncumbent()
     best = math.inf
     for task in root_tasks(problem, depth=2):
@@ -354,15 +346,14 @@ def test_split_tasks_cover_the_optimum(seed):
     its parts are its prefix closed plus one task per canonical next stage."""
     from hetpar.costmodel.estimate import CostModel
     from hetpar.costmodel.objective import Objective
-    from hetpar.solvers.exact import LocalIncumbent, Problem, root_tasks, search_subtree, split_task
-    from hetpar.solvers.space import PlanSpace
+    from hetpar.solvers.exact import LocalIncumbent, SearchProblem, root_tasks, search_subtree, split_task
+    from hetpar.problem.space import PlanSpace
 
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
     space = PlanSpace(cluster, cm.model, training)
-    problem = Problem(cm, space, Objective.parse(objective))
+    problem = SearchProblem(cm, space, Objective.parse(objective))
     incumbent = LocalIncumbent()
     best = math.inf
     for task in root_tasks(problem, depth=1):
@@ -399,14 +390,13 @@ def test_split_parts_cover_the_optimum(seed):
     plans: with the other first stages searched whole, the optimum is found."""
     from hetpar.costmodel.estimate import CostModel
     from hetpar.costmodel.objective import Objective
-    from hetpar.solvers.exact import LocalIncumbent, Problem, root_tasks, search_subtree, split_task
-    from hetpar.solvers.space import PlanSpace
+    from hetpar.solvers.exact import LocalIncumbent, SearchProblem, root_tasks, search_subtree, split_task
+    from hetpar.problem.space import PlanSpace
 
     cluster, model, training, objective = tiny_instance(seed)
-    brute = solve(cluster, model, training, method="brute", objective=objective, samples=4,
-                  seed=seed)
+    brute = solve(Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed), method="brute")
     cm = CostModel(cluster, model, training, samples=4, seed=seed)
-    problem = Problem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
+    problem = SearchProblem(cm, PlanSpace(cluster, cm.model, training), Objective.parse(objective))
     for n in (2, 3):
         incumbent = LocalIncumbent()
         best = math.inf

@@ -13,11 +13,11 @@ import yaml
 import hetpar
 from hetpar.cli.main import main
 from hetpar.costmodel.estimate import CostModel
-from hetpar.envs.generator import (Suite, describe_instance, feasible_plan, is_instances_file,
+from hetpar.problem.generator import (Suite, describe_instance, feasible_plan, is_instances_file,
                                    list_suites, load_instances, load_suite, save_instances)
 from hetpar.errors import ConfigError
-from hetpar.solvers.api import _check_fits_somewhere
-from hetpar.solvers.space import PlanSpace
+from hetpar.problem import Problem
+from hetpar.problem.space import PlanSpace
 
 SUITES = ["tiny", "train-small", "train-mixed", "test-iid", "test-larger", "test-unseen-gpus", "test-geo"]
 N = 20
@@ -166,7 +166,7 @@ def test_every_instance_has_a_feasible_plan(suites, name):
         cm = CostModel(inst.cluster, inst.model, inst.training, samples=2)
         est = cm.evaluate(plan)
         assert est.feasible, inst.name
-        _check_fits_somewhere(cm, PlanSpace(inst.cluster, cm.model, inst.training))
+        Problem.from_instance(inst, samples=2).check_fits_somewhere()
 
 
 def test_model_size_is_capped_by_cluster_memory(tmp_path):
@@ -337,7 +337,7 @@ def test_new_small_models_match_gpt3_table():
 
 def test_readme_example_spec_parses():
     from hetpar.configio import bundled_dir
-    from hetpar.envs.generator import parse_suite_spec
+    from hetpar.problem.generator import parse_suite_spec
 
     text = (bundled_dir() / "README.md").read_text()
     example = text.split("## 8.")[1].split("```yaml\n")[1].split("```")[0]

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from hetpar.envs.types import Instance
+from hetpar.problem.instance import Instance
 
 __all__ = ["StatsWrapper", "StatsCallback", "EvalGapCallback", "CheckpointCallback",
            "RichProgressCallback", "Reference", "reference_values", "evaluate_policy_gaps"]
@@ -105,14 +105,13 @@ def _reference_worker(inst_doc: dict[str, Any], objective: str, samples: int, se
                       time_limit: float, conn: Any) -> None:
     """Subprocess: metis then exact on one instance, each result sent as soon as known."""
     from hetpar.errors import HetparError
+    from hetpar.problem import Problem
     from hetpar.solvers import solve
 
     inst = Instance.from_dict(inst_doc)
     for method in ("metis", "exact"):
         try:
-            sol = solve(inst.cluster, inst.model, inst.training, method=method,
-                        objective=objective, samples=samples, seed=seed,
-                        time_limit=time_limit if method == "exact" else None)
+            sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=samples, seed=seed), method=method, time_limit=time_limit if method == "exact" else None)
             conn.send((method, float(sol.value), sol.gap == 0.0, float(sol.wall_s)))
         except HetparError:
             conn.send((method, math.inf, False, 0.0))

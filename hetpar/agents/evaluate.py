@@ -232,10 +232,11 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     does not honour its limit cannot stall or exhaust the machine; such a run counts as
     "no plan" and the instance's gaps are taken against the best plan found.
     """
+    from hetpar.problem import Problem
     from hetpar.solvers.api import solve
 
     if isinstance(suite, (str, Path)):
-        from hetpar.envs.generator import load_suite
+        from hetpar.problem.generator import load_suite
         suite = load_suite(suite)
     methods = tuple(methods)
     unknown = [m for m in methods if m not in METHODS]
@@ -285,9 +286,7 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                     row.value_s, row.optimal = res["value_s"], res["optimal"]
                     row.error = res["error"]
                 else:
-                    sol = solve(cluster, model, training, method=m, objective=obj, samples=k,
-                                seed=seed, workers=workers, budget=budget,
-                                time_limit=time_limit if m == "exact" else None)
+                    sol = solve(Problem.of(cluster, model, training, objective=obj, samples=k, seed=seed), method=m, workers=workers, budget=budget, time_limit=time_limit if m == "exact" else None)
                     row.value_s = sol.value if sol.found else math.inf
                     row.optimal = bool(sol.certificate is not None and sol.certificate.optimal)
                     if not sol.found:
@@ -319,14 +318,12 @@ def _exact_child(conn: Any, inst_doc: dict[str, Any], objective: str, samples: i
             pass
     out: dict[str, Any] = {"value_s": math.inf, "optimal": False, "error": ""}
     try:
-        from hetpar.envs.types import Instance
+        from hetpar.problem.instance import Instance
         from hetpar.solvers.api import solve
 
         inst = Instance.from_dict(inst_doc)
         start = time.perf_counter()
-        sol = solve(inst.cluster, inst.model, inst.training, method="exact",
-                    objective=objective, samples=samples, seed=seed, workers=workers,
-                    time_limit=time_limit)
+        sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=samples, seed=seed), method="exact", workers=workers, time_limit=time_limit)
         out["wall_s"] = time.perf_counter() - start
         if sol.found:
             out["value_s"] = sol.value
@@ -360,7 +357,7 @@ def run_exact_isolated(inst: Any, objective: str, samples: int, seed: int, time_
     hard = time_limit + grace
     ctx = mp.get_context("forkserver")
     # Children fork from a server that has the solver imported (once per process).
-    ctx.set_forkserver_preload(["hetpar.solvers.api", "hetpar.envs.types"])
+    ctx.set_forkserver_preload(["hetpar.solvers.api", "hetpar.problem.instance"])
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_exact_child, daemon=False,
                        args=(send, inst.to_dict(), objective, samples, seed, time_limit,

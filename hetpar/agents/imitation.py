@@ -72,7 +72,8 @@ def _cache_key(suite: str, objective: str, samples: int, cfg: ImitationConfig) -
 def _expert_one(suite: str, index: int, objective: str, samples: int,
                 experts: Sequence[str], time_limit: float) -> dict[str, Any]:
     """Best plan of ``experts`` on instance ``index`` (runs in a worker process)."""
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
+    from hetpar.problem import Problem
     from hetpar.solvers import solve
 
     inst = load_suite(suite).instance(index)
@@ -80,9 +81,7 @@ def _expert_one(suite: str, index: int, objective: str, samples: int,
     t0 = time.process_time()
     for method in experts:
         try:
-            sol = solve(inst.cluster, inst.model, inst.training, method=method,
-                        objective=objective, samples=samples, seed=0,
-                        time_limit=time_limit if method == "exact" else None)
+            sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=samples, seed=0), method=method, time_limit=time_limit if method == "exact" else None)
         except HetparError as exc:  # e.g. a generated instance that fits nowhere
             best.setdefault("errors", []).append(f"{method}: {exc}")
             continue

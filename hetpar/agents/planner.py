@@ -37,7 +37,7 @@ from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel, Estimate
 from hetpar.costmodel.objective import Objective
-from hetpar.envs.types import Instance
+from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
 from hetpar.plan import Plan
 from hetpar.workload.model import ModelSpec
@@ -341,7 +341,7 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     if not math.isfinite(value):  # pragma: no cover - the masks guarantee a fitting plan
         raise InfeasibleError(f"the policy's plan does not fit in memory: "
                               f"{'; '.join(cm.evaluate(plan).overflow)}")
-    from hetpar.solvers.space import PlanSpace
+    from hetpar.problem.space import PlanSpace
 
     refine_s, complete = 0.0, False
     space: PlanSpace | None = None  # built once for the refinement and the local search

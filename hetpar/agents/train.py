@@ -331,7 +331,7 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     from hetpar.agents.io import save_policy
     from hetpar.agents.policy import HostAttentionPolicy
     from hetpar.envs.env import PlanBuilderEnv
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     messages: list[str] = []
 

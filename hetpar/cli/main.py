@@ -193,10 +193,7 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
                     transient=True)
         live.start()
     try:
-        solution = solve(cluster, model, training, method=args.method, objective=objective,
-                         workers=args.workers, time_limit=args.time_limit, seed=args.seed,
-                         samples=args.samples, constants=constants, budget=args.budget,
-                         progress=(lambda p: live.update(line(p))) if live else None)
+        solution = solve(Problem.of(cluster, model, training, objective=objective, seed=args.seed, samples=args.samples, constants=constants), method=args.method, workers=args.workers, time_limit=args.time_limit, budget=args.budget, progress=(lambda p: live.update(line(p))) if live else None)
     finally:
         if live is not None:
             live.stop()
@@ -299,7 +296,7 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-# ---- hetpar suite: topology suites (hetpar/envs/generator.py) --------------------------------
+# ---- hetpar suite: topology suites (hetpar/problem/generator.py) --------------------------------
 
 def _add_suite_parser(sub: argparse._SubParsersAction) -> None:
     suite = sub.add_parser(
@@ -334,7 +331,7 @@ def _add_suite_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _suite_range(args: argparse.Namespace):
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     if args.n < 0:
         raise ConfigError("--n", "", f"must not be negative, got {args.n}")
@@ -345,7 +342,7 @@ def _suite_range(args: argparse.Namespace):
 
 
 def _cmd_suite_show(args: argparse.Namespace, console: Console) -> int:
-    from hetpar.envs.generator import describe_instance
+    from hetpar.problem.generator import describe_instance
 
     suite, instances = _suite_range(args)
     if args.json:
@@ -396,7 +393,7 @@ def _cmd_suite_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_suite_sample(args: argparse.Namespace, console: Console) -> int:
-    from hetpar.envs.generator import save_instances
+    from hetpar.problem.generator import save_instances
 
     out = Path(args.out)
     if not out.parent.exists():
@@ -411,7 +408,7 @@ def _cmd_suite_sample(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_suite_list(args: argparse.Namespace, console: Console) -> int:
-    from hetpar.envs.generator import list_suites, load_suite
+    from hetpar.problem.generator import list_suites, load_suite
 
     for name in list_suites():
         suite = load_suite(name)
@@ -543,12 +540,11 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                               improve_evaluations=args.improve)
     other = None
     if args.compare:
+        from hetpar.problem import Problem
         from hetpar.solvers.api import solve
 
         with console.status(f"running {args.compare} for comparison", spinner="dots"):
-            other = solve(cluster, model, training, method=args.compare,
-                          objective=result.objective, samples=result.samples, seed=args.seed,
-                          time_limit=args.time_limit, constants=constants)
+            other = solve(Problem.of(cluster, model, training, objective=result.objective, samples=result.samples, seed=args.seed, constants=constants), method=args.compare, time_limit=args.time_limit)
     if out is not None:
         try:
             result.plan.save(out)
@@ -655,7 +651,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     if not out.parent.exists():
         raise ConfigError(str(out), "", "its parent folder does not exist")
 
-    from hetpar.envs.generator import load_suite
+    from hetpar.problem.generator import load_suite
 
     suite = load_suite(args.suite)
     if suite.size is not None and args.n > suite.size:

@@ -11,7 +11,7 @@ from rich.table import Table
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import GIB, Estimate
 from hetpar.fidelity.report import ExperimentReport
-from hetpar.solvers.solution import Solution
+from hetpar.problem.solution import Solution
 from hetpar.workload.model import ModelSpec
 
 __all__ = ["render_estimate", "render_solution", "render_calibration", "render_validation"]
@@ -128,13 +128,13 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
                   f"[bold]{rep.false_infeasible}[/]")
 
 
-# Who found exact's best plan (``Solution.details["found_by"]``), in words.
+# Who found exact's best plan (``Solution.found_by``), in words.
 _FOUND_BY = {"metis": "the Metis-style seed", "dive": "the dive",
              "search": "the exhaustive search"}
 
 
 def render_solution(console: Console, sol: Solution) -> None:
-    found = _FOUND_BY.get(sol.details.get("found_by", ""))
+    found = _FOUND_BY.get(sol.found_by)
     console.print(f"[bold]{sol.method}[/]: objective {sol.objective} = {sol.value:.4f} s, "
                   f"{sol.evaluations:,} plans scored in {sol.wall_s:.2f} s"
                   + (f"; best plan found by {found}" if found else ""))

@@ -96,6 +96,17 @@ class Cluster:
             out[:, i] = link.bandwidth.sample(rng, k)
         return out
 
+    def bandwidth_states(self, samples: int, seed: int) -> np.ndarray:
+        """The bandwidth states a plan is scored under: ``samples`` draws of every link
+        from ``numpy.random.default_rng(seed)``, or each link's mean (one row) when
+        ``samples`` is 0. The one recipe: every score of a plan with the same
+        ``(samples, seed)`` sees the same states."""
+        if samples < 0:
+            raise ConfigError("", "samples", f"must not be negative, got {samples}")
+        if samples == 0:
+            return self.mean_link_bandwidth()
+        return self.sample_link_bandwidth(np.random.default_rng(seed), samples)
+
     def route_link_indices(self) -> np.ndarray:
         """(hosts, hosts, longest route) link indices of each host-to-host route, padded
         with ``len(links)`` (index a link table with a sentinel appended, e.g. infinite

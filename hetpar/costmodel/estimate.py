@@ -129,12 +129,9 @@ class Estimate:
     def iter_time_cvar90(self) -> float:
         return self.cvar(0.9)
 
-    def value(self, objective: Objective | str = "mean") -> float:
+    def value(self, objective: Objective) -> float:
         """The objective's value in seconds; infinite for a plan that does not fit."""
-        if not self.feasible:
-            return float("inf")
-        obj = objective if isinstance(objective, Objective) else Objective.parse(objective)
-        return obj(self.iter_time)
+        return objective.score(self.iter_time, self.feasible)
 
     @property
     def tokens_per_s(self) -> float:
@@ -192,10 +189,7 @@ class CostModel:
         self.constants = constants or load_constants()
         self.framework = self.constants.framework(training.framework)
         if bandwidth is None:
-            if samples < 0:
-                raise ConfigError("", "samples", f"must not be negative, got {samples}")
-            bandwidth = (cluster.mean_link_bandwidth() if samples == 0 else
-                         cluster.sample_link_bandwidth(np.random.default_rng(seed), samples))
+            bandwidth = cluster.bandwidth_states(samples, seed)
         bandwidth = np.atleast_2d(np.asarray(bandwidth, dtype=float))
         if bandwidth.shape[1] != len(cluster.links) or not np.all(bandwidth > 0):
             raise ConfigError("", "bandwidth", f"expected positive (K, {len(cluster.links)}) "

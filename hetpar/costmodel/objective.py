@@ -93,6 +93,13 @@ class Objective:
             total = total + frac * x[:, n - whole - 1]
         return total / tail
 
+    def score(self, samples: np.ndarray | float, feasible: bool) -> float:
+        """A plan's value: the objective over its iteration times, or infinity when it
+        does not fit in memory (the one definition every planner and the env use)."""
+        if not feasible:
+            return math.inf
+        return self(np.atleast_1d(np.asarray(samples, dtype=float)))
+
     def __call__(self, samples: np.ndarray) -> float:
         if self.kind == "mean":
             return float(np.mean(samples))

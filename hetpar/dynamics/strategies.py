@@ -91,18 +91,18 @@ def bounded_exact(cm: CostModel, objective: Objective, time_limit: float) -> Pla
     from hetpar.solvers.baselines import metis
     from hetpar.solvers.exact import (
         LocalIncumbent,
-        Problem,
+        SearchProblem,
         make_bounds,
         root_tasks,
         search_subtree,
     )
-    from hetpar.solvers.space import PlanSpace
+    from hetpar.problem.space import PlanSpace
 
     start = time.perf_counter()
     space = PlanSpace(cm.cluster, cm.model, cm.training)
     seed = metis(cm, space, objective)
     best_v, best_p = (seed.value, seed.plan) if seed.found else (math.inf, None)
-    problem = Problem(cm, space, objective, time.time() + time_limit, best_v)
+    problem = SearchProblem(cm, space, objective, time.time() + time_limit, best_v)
     incumbent = LocalIncumbent(best_v)
     bounds = make_bounds(problem)
     finished = True

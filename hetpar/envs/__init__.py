@@ -6,9 +6,7 @@ extra): ``gymnasium.make("hetpar/PlanBuilder-v0", suite="train-small")``.
 
 from __future__ import annotations
 
-from hetpar.envs.types import Instance
-
-__all__ = ["Instance", "ENV_ID", "register"]
+__all__ = ["ENV_ID", "register"]
 
 ENV_ID = "hetpar/PlanBuilder-v0"
 

@@ -14,9 +14,9 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel
 from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
 from hetpar.envs.feasibility import Completions, HostClasses
-from hetpar.envs.types import Instance
+from hetpar.problem.instance import Instance
 from hetpar.errors import InfeasibleError
-from hetpar.solvers.space import PlanSpace
+from hetpar.problem.space import PlanSpace
 
 __all__ = ["InstanceContext"]
 
@@ -85,8 +85,7 @@ class InstanceContext:
                 instance.training != self.instance.training:
             raise ValueError("rebind keeps the model and training spec")
         seed = instance.seed if instance.seed >= 0 else 0
-        bandwidth = (cluster.mean_link_bandwidth() if self.samples == 0 else
-                     cluster.sample_link_bandwidth(np.random.default_rng(seed), self.samples))
+        bandwidth = cluster.bandwidth_states(self.samples, seed)
         return dataclasses.replace(self, instance=instance,
                                    cm=self.cm.with_bandwidth(bandwidth))
 

@@ -63,10 +63,10 @@ from hetpar.envs.feasibility import bits_upto
 from hetpar.envs.observation import (observation_space, pair_features,
                                      static_globals, static_host_features)
 from hetpar.envs.sources import InstanceSource, as_source
-from hetpar.envs.types import Instance
+from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError, InfeasibleError, PlanError
 from hetpar.plan import Plan
-from hetpar.solvers.space import StageChoice
+from hetpar.problem.space import StageChoice
 
 __all__ = ["PlanBuilderEnv"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetpar.costmodel.estimate import CostModel
-from hetpar.solvers.space import PlanSpace
+from hetpar.problem.space import PlanSpace
 
 __all__ = ["Completions", "bits_upto", "HostClasses"]
 

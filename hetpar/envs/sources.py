@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetpar.envs.types import Instance
+from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError
 
 __all__ = ["InstanceSource", "as_source", "DEFAULT_POOL"]
@@ -57,7 +57,7 @@ def as_source(suite: Any, instances: int | None = None) -> InstanceSource:
         return InstanceSource("<instances>", max(i.num_hosts for i in items),
                               _count(len(items), instances), items.__getitem__, True)
     if isinstance(suite, (str, Path)):
-        from hetpar.envs import generator  # suites need the generator; lists do not
+        from hetpar.problem import generator  # suites need the generator; lists do not
 
         path = Path(suite)
         if path.is_file() and generator.is_instances_file(path):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from hetpar.cluster.topology import Cluster
-from hetpar.costmodel.constants import CostConstants
-from hetpar.costmodel.estimate import GIB, CostModel
+from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
 from hetpar.solvers.bounds import Bounds
@@ -17,7 +16,7 @@ from hetpar.solvers.exact import (
     Counters,
     InlineExecutor,
     LocalIncumbent,
-    Problem,
+    SearchProblem,
     Searcher,
     SearchExecutor,
     Task,
@@ -31,10 +30,8 @@ from hetpar.solvers.exact import (
     root_tasks,
     split_task,
 )
-from hetpar.solvers.solution import Certificate, Solution
-from hetpar.solvers.space import PlanSpace, StageChoice
-from hetpar.workload.model import ModelSpec
-from hetpar.workload.training import TrainingSpec
+from hetpar.problem import Certificate, Problem, Solution
+from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["solve", "METHODS", "Progress"]
 
@@ -52,60 +49,40 @@ class Progress:
     elapsed_s: float
 
 
-def solve(cluster: Cluster, model: ModelSpec, training: TrainingSpec, *, method: str = "exact",
-          objective: str | Objective = "mean", workers: int = 1, time_limit: float | None = None,
-          seed: int = 0, samples: int = 32, constants: CostConstants | None = None,
-          budget: int = 200, progress: Callable[[Progress], None] | None = None,
+def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
+          time_limit: float | None = None, budget: int = 200, rng_seed: int | None = None,
+          progress: Callable[[Progress], None] | None = None,
           executor: SearchExecutor | None = None) -> Solution:
-    """Find a plan with ``method`` for the ``objective`` over ``samples`` bandwidth states.
+    """Find a plan of ``problem`` with ``method``.
 
     ``exact`` proves optimality over the plan space (``time_limit`` makes it anytime);
     ``brute`` enumerates the space (tiny instances only); ``megatron``, ``metis`` and
-    ``random`` are the baselines. Raises InfeasibleError when no plan of the space fits.
+    ``random`` (``budget`` plans drawn with ``rng_seed``, the problem's seed by default)
+    are the baselines. Raises InfeasibleError when no plan of the space fits.
     """
     if method not in METHODS:
         raise ConfigError("", "method", f"unknown method {method!r} (known: {', '.join(METHODS)})")
-    obj = objective if isinstance(objective, Objective) else Objective.parse(objective)
     if workers < 1:
         raise ConfigError("", "workers", f"must be at least 1, got {workers}")
-    cm = CostModel(cluster, model, training, constants=constants, samples=samples, seed=seed)
-    space = PlanSpace(cluster, cm.model, training)
-    _check_fits_somewhere(cm, space)
+    start = time.perf_counter()
+    problem.check_fits_somewhere()
+    cm, space, obj = problem.cost_model, problem.space, problem.objective
     if method == "brute":
         from hetpar.solvers.brute import brute
-        return brute(cm, space, obj)
-    if method in ("megatron", "metis", "random"):
+        sol = brute(cm, space, obj)
+    elif method in ("megatron", "metis", "random"):
         from hetpar.solvers import baselines
         fn = getattr(baselines, method)
-        kwargs = {"seed": seed}
+        kwargs: dict[str, Any] = {"seed": problem.seed if rng_seed is None else rng_seed}
         if method == "random":
             kwargs["budget"] = budget
-        return fn(cm, space, obj, **kwargs)
-    return _exact(cm, space, obj, workers, time_limit, progress, executor)
-
-
-def _check_fits_somewhere(cm: CostModel, space: PlanSpace) -> None:
-    """Refuse at once an instance whose model fits on no plan at all."""
-    zero = max(space.zero_stages)
-    rc = "full" if "full" in space.recompute_modes else space.recompute_modes[-1]
-    # The lightest possible per-GPU footprint: every layer spread over the whole cluster
-    # at the largest tensor-parallel degree, one sequence per micro-batch.
-    layers = cm.model.layers
-    total_gpus = cm.cluster.num_gpus
-    smallest = math.inf
-    biggest = max(h.gpu.memory_bytes for h in cm.cluster.hosts)
-    for gpu_type in space.types:
-        for tp in space.tp_options[gpu_type]:
-            stages = max(1, min(layers, total_gpus // tp))
-            per_stage = -(-layers // stages)
-            params, used = cm.stage_memory(per_stage, tp, 1, 1.0, 1, False, False, rc, zero == 1)
-            smallest = min(smallest, used)
-    usable = max((cm.host_perf(i).usable_bytes for i in range(len(cm.cluster.hosts))
-                  if cm.host_perf(i) is not None), default=-math.inf)
-    if smallest > usable:
-        raise InfeasibleError(
-            f"no feasible plan: the smallest per-GPU footprint is {smallest / GIB:.1f} GiB, the "
-            f"largest GPU has {biggest / GIB:.1f} GiB ({usable / GIB:.1f} GiB usable)")
+        sol = fn(cm, space, obj, **kwargs)
+    else:
+        sol = _exact(cm, space, obj, workers, time_limit, progress, executor)
+    # wall_s counts the problem's setup (cost model, space, the fit check) too.
+    return replace(sol, found_by=sol.found_by or (method if sol.found else ""),
+                   inputs=problem.describe(), wall_s=time.perf_counter() - start,
+                   timings=sol.timings or {"search": sol.wall_s})
 
 
 # Halvings of each first stage's bound when ranking the subtrees: the order only needs
@@ -159,7 +136,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                            wall_s=wall, workers=workers, stopped="space too large")
         return Solution("exact", obj.name, seed.plan if seed.found else None, seed.estimate,
                         seed_value, wall, evaluations=0, certificate=cert,
-                        details={"found_by": "metis"} if seed.found else {})
+                        found_by="metis" if seed.found else "")
     # A dive over a few deep-pipeline structures with a local search over them (0.5 s on
     # amp-het-16): an incumbent near the optimum before the exhaustive search prunes far
     # more than the heuristic's plan; a tenth of the time limit at most, from its start.
@@ -169,11 +146,11 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         seed = metis(cm, space, obj)
         if seed.found:
             seed_value, seed_plan, seed_source = seed.value, seed.plan, "metis"
-        dive_value, dive_plan = dive(Problem(cm, space, obj, deadline, seed_value),
+        dive_value, dive_plan = dive(SearchProblem(cm, space, obj, deadline, seed_value),
                                      time.time() + dive_budget, seed_value)
         if dive_plan is not None and dive_value < seed_value:
             seed_value, seed_plan, seed_source = dive_value, dive_plan, "dive"
-    problem = Problem(cm, space, obj, deadline, seed_value)
+    problem = SearchProblem(cm, space, obj, deadline, seed_value)
     # One task per first stage, also with several workers: each worker builds its own
     # bound tables, and subtrees below one first stage share most of them (tasks below
     # the first two stages made two workers build about 1.6x the tables of one, and
@@ -294,4 +271,4 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
     est = cm.evaluate(plan) if plan is not None else None
     return Solution("exact", obj.name, plan, est, value, wall, evaluations=counters.leaves,
-                    certificate=cert, details={"found_by": found_by} if plan is not None else {})
+                    certificate=cert, found_by=found_by if plan is not None else "")

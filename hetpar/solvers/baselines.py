@@ -97,8 +97,8 @@ from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError
 from hetpar.plan import Plan, Replica, Stage
-from hetpar.solvers.solution import Solution
-from hetpar.solvers.space import PlanSpace, StageChoice
+from hetpar.problem.solution import Solution
+from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["megatron", "metis", "random", "best_of", "BASELINES"]
 

@@ -28,7 +28,7 @@ import numpy as np
 from hetpar.costmodel.compute import GpuPerf
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.solvers.space import PlanSpace, StageChoice
+from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile", "matching_twin"]
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.solvers.solution import Certificate, Solution
-from hetpar.solvers.space import PlanSpace, StageChoice
+from hetpar.problem.solution import Certificate, Solution
+from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["brute", "compositions", "skeletons"]
 

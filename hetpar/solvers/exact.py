@@ -41,9 +41,9 @@ from hetpar.costmodel.frame import PlanFrame, SplitTables
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds, StageProfile
-from hetpar.solvers.space import PlanSpace, StageChoice, SymmetryCheck
+from hetpar.problem.space import PlanSpace, StageChoice, SymmetryCheck
 
-__all__ = ["Problem", "TaskResult", "SEEDS", "SearchExecutor", "InlineExecutor", "Incumbent",
+__all__ = ["SearchProblem", "TaskResult", "SEEDS", "SearchExecutor", "InlineExecutor", "Incumbent",
            "search_subtree", "best_split", "root_tasks", "split_task", "Task",
            "estimate_space_size", "few_collections",
            "prefix_lower_bound", "root_lower_bound", "make_bounds", "dive_structures", "dive"]
@@ -65,7 +65,7 @@ def few_collections(threshold: int = 100_000) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class Problem:
+class SearchProblem:
     """Everything a worker needs (picklable)."""
 
     cm: CostModel
@@ -122,7 +122,7 @@ class _Stop(Exception):
 class Searcher:
     """One worker's depth-first search; holds per-process caches."""
 
-    problem: Problem
+    problem: SearchProblem
     incumbent: Incumbent
     bounds: Bounds | None = None  # reuse one per process: it caches stage profiles
     counters: Counters = field(default_factory=Counters)
@@ -659,7 +659,7 @@ class Task:
         return free
 
 
-def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
+def root_tasks(problem: SearchProblem, depth: int = 1) -> list[Task]:
     """The canonical prefixes of ``depth`` stages, each rooting an independent subtree,
     and every shorter canonical prefix as a close-only task. Splitting deeper gives
     several workers many small tasks instead of a few dominant ones."""
@@ -684,7 +684,7 @@ def root_tasks(problem: Problem, depth: int = 1) -> list[Task]:
     return out
 
 
-def split_task(problem: Problem, task: Task, parts: int | None = None) -> list[Task]:
+def split_task(problem: SearchProblem, task: Task, parts: int | None = None) -> list[Task]:
     """The same plans as ``task`` (which expands) as smaller tasks: its prefix closed as
     a pipeline, and one task per canonical stage that may follow it; or, with ``parts``,
     ``parts`` tasks that each search the subtrees of every ``parts``-th GPU count of
@@ -781,7 +781,7 @@ class _StepSearcher(Searcher):
         super()._check_time()
 
 
-def dive(problem: Problem, until: float, incumbent: float | Incumbent = math.inf,
+def dive(problem: SearchProblem, until: float, incumbent: float | Incumbent = math.inf,
          steps: int = 400, stop: Callable[[], bool] | None = None,
          ) -> tuple[float, Plan | None]:
     """The best plan of ``dive_structures`` found before ``until`` (``time.time()``), each
@@ -881,11 +881,11 @@ def _split_moves(stages: tuple[StageChoice, ...], layers: int,
     return out
 
 
-def make_bounds(problem: Problem) -> Bounds:
+def make_bounds(problem: SearchProblem) -> Bounds:
     return Bounds(problem.cm, problem.space, problem.objective, max(problem.space.zero_stages))
 
 
-def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incumbent: Incumbent,
+def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...], incumbent: Incumbent,
                    bounds: Bounds | None = None,
                    stop: Callable[[], bool] | None = None) -> TaskResult:
     """Search one task (a bare prefix means every plan that starts with it). ``stop``: a
@@ -930,7 +930,7 @@ def search_subtree(problem: Problem, task: Task | tuple[StageChoice, ...], incum
     return TaskResult(s.best_value, s.best_plan, s.counters, finished)
 
 
-def _run_seed(problem: Problem, task: Task, incumbent: Incumbent,
+def _run_seed(problem: SearchProblem, task: Task, incumbent: Incumbent,
               stop: Callable[[], bool] | None = None) -> TaskResult:
     """A seed task: the heuristic's plan, offered to the incumbent. ``stop``: the dive
     ends when it returns True."""
@@ -955,7 +955,7 @@ class SearchExecutor(Protocol):
 
     workers: int
 
-    def run(self, problem: Problem, tasks: list[Task],
+    def run(self, problem: SearchProblem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
         """Run every task, reporting each result; ``bounds``: tables the caller built
@@ -972,7 +972,7 @@ class InlineExecutor:
     workers: int = 1
     _incumbent: LocalIncumbent = field(default_factory=LocalIncumbent)
 
-    def run(self, problem: Problem, tasks: list[Task],
+    def run(self, problem: SearchProblem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
         self._incumbent.offer(problem.seed_value)

@@ -37,9 +37,9 @@ from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
-from hetpar.solvers.exact import Problem, make_bounds
+from hetpar.solvers.exact import SearchProblem, make_bounds
 from hetpar.solvers.refine import complete_structure, refine_plan
-from hetpar.solvers.space import PlanSpace, StageChoice
+from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["Improvement", "coarsenings", "global_moves", "host_groups", "improve_structure",
            "site_seeds", "structure_neighbours"]
@@ -334,7 +334,7 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     start = time.perf_counter()
     deadline = start + time_limit if time_limit is not None else math.inf
     budget = math.inf if max_evaluations is None else max_evaluations
-    bounds = make_bounds(Problem(cm, space, objective))
+    bounds = make_bounds(SearchProblem(cm, space, objective))
     first = refine_plan(cm, space, objective, plan, max_steps=neighbour_steps,
                         time_limit=time_limit, beat=beat, bounds=bounds)
     best_plan, best = first.plan, first.value

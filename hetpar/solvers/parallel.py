@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (
-    Problem,
+    SearchProblem,
     Task,
     TaskResult,
     few_collections,
@@ -47,7 +47,7 @@ class SharedIncumbent:
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(problem: Problem, cell: object, done: object) -> None:
+def _init_worker(problem: SearchProblem, cell: object, done: object) -> None:
     _WORKER["problem"] = problem
     _WORKER["incumbent"] = SharedIncumbent(cell)
     _WORKER["bounds"] = make_bounds(problem)
@@ -66,7 +66,7 @@ class ProcessExecutor:
     workers: int = 2
     _cell: object = field(default=None)
 
-    def run(self, problem: Problem, tasks: list[Task],
+    def run(self, problem: SearchProblem, tasks: list[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
         # ``bounds`` is not used: each worker builds its own tables (the caller's would

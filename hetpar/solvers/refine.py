@@ -25,8 +25,8 @@ from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds
-from hetpar.solvers.exact import LocalIncumbent, Problem, Searcher, _Stop
-from hetpar.solvers.space import PlanSpace, StageChoice
+from hetpar.solvers.exact import LocalIncumbent, SearchProblem, Searcher, _Stop
+from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["Completion", "Refinement", "complete_structure", "refine_plan"]
 
@@ -86,7 +86,7 @@ def complete_structure(cm: CostModel, space: PlanSpace, objective: Objective,
     its stage profiles over from call to call: building them costs more than most
     completions."""
     deadline = time.time() + time_limit if time_limit is not None else math.inf
-    searcher = _BudgetSearcher(Problem(cm, space, objective, deadline, beat),
+    searcher = _BudgetSearcher(SearchProblem(cm, space, objective, deadline, beat),
                                LocalIncumbent(beat), bounds=bounds, max_steps=max_steps,
                                max_evaluations=max_evaluations)
     complete = True

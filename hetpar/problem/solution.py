@@ -1,4 +1,10 @@
-"""What a solver returns: the plan, its estimate and (for exact search) a certificate."""
+"""What every planner returns: ``Solution`` (the plan, its value and estimate, how it was
+found and how long each part took) and, for the exact search, a ``Certificate``.
+
+One result type for every method (exact, brute, the baselines, local search and the
+policy's planners), so that ``hetpar solve``, ``hetpar plan`` and ``hetpar evaluate``
+print and save the same fields.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +58,14 @@ class Certificate:
 
 @dataclass(frozen=True)
 class Solution:
+    """A planner's answer.
+
+    ``value`` is the problem's score of ``plan`` (``Problem.value``), ``found_by`` the part
+    of the method that found it (e.g. ``metis``, ``dive`` or ``search`` for exact;
+    ``rollout``, ``refine`` or ``improve`` for the policy), ``timings`` the seconds of each
+    part (``wall_s`` is their whole), ``details`` method-specific figures.
+    """
+
     method: str
     objective: str
     plan: Plan | None
@@ -61,10 +75,22 @@ class Solution:
     evaluations: int = 0
     certificate: Certificate | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    found_by: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)  # Problem.describe()
 
     @property
     def found(self) -> bool:
         return self.plan is not None and math.isfinite(self.value)
+
+    @property
+    def lower_bound(self) -> float | None:
+        """A proven lower bound of the optimum, where the method proves one."""
+        return self.certificate.lower_bound if self.certificate is not None else None
+
+    @property
+    def optimal(self) -> bool:
+        return self.certificate is not None and self.certificate.optimal and self.found
 
     @property
     def gap(self) -> float:
@@ -75,14 +101,16 @@ class Solution:
         return 0.0 if lb >= self.value else self.value / lb - 1.0 if lb > 0 else math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.method, "objective": self.objective,
-                               "value_s": self.value, "wall_s": self.wall_s,
-                               "evaluations": self.evaluations,
-                               "plan": self.plan.to_dict() if self.plan else None,
-                               "details": self.details}
-        if self.estimate is not None:
-            out["estimate"] = self.estimate.to_dict()
-        if self.certificate is not None:
-            out["certificate"] = self.certificate.to_dict()
-            out["gap"] = self.gap
-        return out
+        """The result fields every command prints with ``--json``."""
+        return {"method": self.method, "objective": self.objective,
+                "inputs": dict(self.inputs), "found": self.found, "value_s": self.value,
+                "found_by": self.found_by, "optimal": self.optimal,
+                "lower_bound_s": self.lower_bound,
+                "gap": self.gap if self.certificate is not None else None,
+                "wall_s": self.wall_s, "timings_s": dict(self.timings),
+                "evaluations": self.evaluations,
+                "plan": self.plan.to_dict() if self.plan else None,
+                "estimate": self.estimate.to_dict() if self.estimate is not None else None,
+                "certificate": (self.certificate.to_dict() if self.certificate is not None
+                                else None),
+                "details": self.details}

@@ -6,7 +6,7 @@ test set). Instance ``i`` of a generated suite depends only on ``(suite seed, i)
 drawn from ``numpy.random.SeedSequence([seed, i])`` and never touches global random state,
 so ``suite.instance(i)`` is the same on every machine and in every process.
 
-An instance is an ``Instance`` (``hetpar.envs.types``): a cluster, a model and a training
+An instance is an ``Instance`` (``hetpar.problem.instance``): a cluster, a model and a training
 document in the formats of ``configs/``, parsed lazily. Every generated instance has at
 least one feasible plan of the searched plan space: the generator draws a cluster, then
 the model (among the suite's models) only where ``feasible_plan`` finds a plan that fits,
@@ -35,7 +35,7 @@ from hetpar.cluster.gpu import GpuType, load_gpu_catalog
 from hetpar.configio import Reader, list_bundled, load_document, resolve_config
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants, load_constants
 from hetpar.costmodel.memory import layer_activation_bytes, logits_bytes, stage_params_per_gpu
-from hetpar.envs.types import Instance
+from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError
 from hetpar.workload.model import ModelSpec, parse_model
 from hetpar.workload.training import RECOMPUTE_MODES, TrainingSpec

@@ -23,7 +23,7 @@ class ConfigError(HetparError):
 
 
 class PlanError(ConfigError):
-    """A plan breaks one of the validity rules of DESIGN.md section 2."""
+    """A plan breaks one of the validity rules (configs/README.md, section 5)."""
 
 
 class InfeasibleError(HetparError):

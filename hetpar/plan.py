@@ -1,4 +1,4 @@
-"""Parallelisation plans (DESIGN.md section 2): JSON format and validity rules.
+"""Parallelisation plans (configs/README.md, section 5): JSON format and validity rules.
 
 A plan is a pipeline of stages; a stage holds ``layers`` transformer layers, runs them
 with ``tp``-way tensor parallelism and is replicated (data parallelism) over its
@@ -153,7 +153,7 @@ class Plan:
 
 def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingSpec, *,
                   source: str = "<plan>", allow_empty_stages: bool = False) -> None:
-    """Raise PlanError naming the first broken validity rule (DESIGN.md section 2).
+    """Raise PlanError naming the first broken validity rule (configs/README.md, section 5).
 
     ``allow_empty_stages`` admits stages without transformer layers (holding only the
     embedding or head), which some published plans use; the searched space never does.

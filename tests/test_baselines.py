@@ -1,4 +1,4 @@
-"""Baselines (DESIGN.md section 6): megatron, metis and random on bundled instances."""
+"""Baselines (docs/solvers.md): megatron, metis and random on bundled instances."""
 
 from __future__ import annotations
 

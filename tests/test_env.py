@@ -16,6 +16,9 @@ from hetpar.costmodel.estimate import CostModel  # noqa: E402
 from hetpar.costmodel.objective import Objective  # noqa: E402
 from hetpar.envs import ENV_ID  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv, random_masked_action  # noqa: E402
+from hetpar.envs.search import SearchEnv  # noqa: E402
+from hetpar.envs.types import (GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES,  # noqa: E402
+                               GlobalFeature, HostFeature, PairFeature, State)
 from hetpar.problem.generator import load_suite  # noqa: E402
 from hetpar.problem.instance import Instance  # noqa: E402
 from hetpar.errors import ConfigError, InfeasibleError  # noqa: E402
@@ -315,9 +318,72 @@ def test_sampled_mode_shows_the_draw():
     seen = set()
     for seed in range(10):
         obs, _ = env.reset(seed=seed, options={"instance": 0})
-        seen.add(obs["pairs"][..., 2].tobytes())
-        np.testing.assert_array_equal(obs["pairs"][..., 0], env._static[0][1][..., 0])
+        seen.add(obs["pairs"][..., PairFeature.BANDWIDTH_NOW].tobytes())
+        np.testing.assert_array_equal(obs["pairs"][..., PairFeature.BANDWIDTH_MEAN],
+                                      env._static[0][1][..., PairFeature.BANDWIDTH_MEAN])
     assert len(seen) > 1  # draws differ across episodes when links are stochastic
+
+
+def test_observation_columns_are_named_in_order():
+    env = PlanBuilderEnv("tiny")
+    obs, _ = env.reset(seed=0)
+    for names, enum, key, axis in ((HOST_FEATURES, HostFeature, "hosts", -1),
+                                   (PAIR_FEATURES, PairFeature, "pairs", -1),
+                                   (GLOBAL_FEATURES, GlobalFeature, "globals", 0)):
+        assert [f.value for f in enum] == list(range(len(enum)))  # a member is its column
+        assert names == tuple(f.name.lower() for f in enum)
+        assert obs[key].shape[axis] == len(enum)
+    assert obs["globals"][GlobalFeature.PHASE_MEMORY] == 1.0
+    n = env.instance.num_hosts
+    np.testing.assert_array_equal(obs["hosts"][:n, HostFeature.FREE_FRACTION], 1.0)
+
+
+def test_state_is_a_frozen_copy_of_the_episode():
+    import dataclasses
+
+    env = PlanBuilderEnv("tiny")
+    with pytest.raises(RuntimeError):
+        env.state  # noqa: B018 - before reset
+    env.reset(seed=3)
+    rng = np.random.default_rng(3)
+    first = env.state
+    assert isinstance(first, State) and first.phase == "memory" and not first.built
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.layers_left = 0  # type: ignore[misc]
+    done, info = False, {}
+    while not done:
+        _, _, done, _, info = env.step(random_masked_action(env, rng))
+        st = env.state
+        assert st.phase == env.phase_name()
+        assert st.open_dp == sum(b for _, b in st.open_blocks)
+    assert first.phase == "memory" and not first.built  # an earlier copy stays as it was
+    assert st.phase == "done" and st.layers_left == 0
+    assert sum(k for _, k in st.built) == env.instance.model.layers
+    plan = info["plan"]
+    assert [k for _, k in reversed(st.built)] == [s.layers for s in plan.stages]
+
+
+def test_env_implements_the_planners_protocol():
+    assert isinstance(PlanBuilderEnv("tiny"), SearchEnv)
+    one = PlanBuilderEnv([load_suite("tiny").instance(0)])
+    one.reset(seed=0)
+    assert isinstance(one.retarget(one.instance), SearchEnv)
+
+
+def test_rebind_draws_as_a_fresh_context_does():
+    from hetpar.envs.context import InstanceContext, bandwidth_seed
+
+    inst = load_suite("tiny").instance(1)
+    ctx = InstanceContext.build(inst, samples=4, constants=None, max_micro=16)
+    doc = dict(inst.cluster_doc)
+    other = Instance(inst.name + "-other", doc, inst.model_doc, inst.training_doc,
+                     seed=inst.seed + 1)
+    moved = ctx.rebind(other)
+    fresh = InstanceContext.build(other, samples=4, constants=None, max_micro=16)
+    np.testing.assert_array_equal(moved.cm.link_gbps, fresh.cm.link_gbps)
+    assert moved.problem.seed == bandwidth_seed(other) == inst.seed + 1
+    assert moved.oracle("none", 0, 1) is ctx.oracle("none", 0, 1)  # memory tables shared
+    assert bandwidth_seed(Instance("x", doc, inst.model_doc, inst.training_doc)) == 0
 
 
 # ---- rendering -----------------------------------------------------------------------------

@@ -184,3 +184,21 @@ def test_train_with_imitation_only(tmp_path: Path) -> None:
     assert bundle.meta["imitation"]["expert_plans"] == 6
     assert any((tmp_path / "expert-cache").glob("tiny-mean-8-metis-*.jsonl"))
     assert any(m.startswith("imitation epoch 2/2") for m in res.log)
+
+
+def test_expert_cache_records_the_bandwidth_seed(tmp_path: Path) -> None:
+    """Expert plans are scored under DEFAULT_SEED's draws (as the training's references);
+    a cache written before the seed was recorded was made with seed 0 and stays valid,
+    a cache of another seed is refused."""
+    cache = tmp_path / "experts.jsonl"
+    expert_plans("tiny", range(1), objective="mean", samples=8, cfg=METIS, cache=cache)
+    lines = cache.read_text().splitlines()
+    key = json.loads(json.loads(lines[0])["expert_cache"])
+    assert key["seed"] == 0
+    del key["seed"]
+    old = json.dumps({"expert_cache": json.dumps(key, sort_keys=True)})
+    cache.write_text("\n".join([old, *lines[1:]]) + "\n")
+    expert_plans("tiny", range(1), objective="mean", samples=8, cfg=METIS, cache=cache)
+    with pytest.raises(ConfigError, match="expert plans for another setting"):
+        expert_plans("tiny", range(1), objective="mean", samples=8, cfg=METIS, cache=cache,
+                     seed=1)

@@ -3,8 +3,6 @@ at a local optimum of its neighbourhood, and the exact search is never beaten by
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -156,7 +154,7 @@ def test_site_seeds_reach_metis_from_the_single_rollout():
     degrees: before the site seeds the climb ended 512% (test-geo-2), 8% (-5) and 737%
     (-6) behind the best plan known; it now reaches or beats metis's plan on each."""
     from hetpar.agents.io import default_policy_path, load_policy
-    from hetpar.agents.planner import plan_with_policy
+    from hetpar.agents.planner import plan_with_policy, policy_problem
     from hetpar.problem.generator import load_suite
 
     if not default_policy_path().is_file():
@@ -164,7 +162,7 @@ def test_site_seeds_reach_metis_from_the_single_rollout():
     bundle = load_policy(None)
     for index in (2, 5, 6):
         inst = load_suite("test-geo").instance(index)
-        found = plan_with_policy(bundle, inst, samples=2, beam=1,
+        found = plan_with_policy(bundle, policy_problem(bundle, inst, samples=2), beam=1,
                                  improve_evaluations=200_000)
         metis = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=2, seed=0), method="metis")
         assert found.value <= metis.value * (1 + 1e-9), index
@@ -176,7 +174,7 @@ def test_global_moves_drop_a_type_and_use_idle_gpus():
     15x faster), test-larger-5 leaves the RTX-3090 hosts idle (a stage over them beats
     metis). One climb from hetpar plan's plan (beam 4), default budget, reaches both."""
     from hetpar.agents.io import default_policy_path, load_policy
-    from hetpar.agents.planner import plan_with_policy
+    from hetpar.agents.planner import plan_with_policy, policy_problem
     from hetpar.problem.generator import load_suite
 
     if not default_policy_path().is_file():
@@ -184,9 +182,9 @@ def test_global_moves_drop_a_type_and_use_idle_gpus():
     bundle = load_policy(None)
     for suite, index in (("test-geo", 5), ("test-larger", 5)):
         inst = load_suite(suite).instance(index)
-        base = plan_with_policy(bundle, inst, samples=2, beam=4)
-        found = plan_with_policy(bundle, inst, samples=2, beam=4,
-                                 improve_evaluations=200_000)
+        problem = policy_problem(bundle, inst, samples=2)
+        base = plan_with_policy(bundle, problem, beam=4)
+        found = plan_with_policy(bundle, problem, beam=4, improve_evaluations=200_000)
         metis = solve(Problem.of(inst.cluster, inst.model, inst.training, samples=2, seed=0), method="metis")
         assert found.value <= metis.value * (1 + 1e-9) < base.value
 
@@ -274,16 +272,19 @@ def shipped():
 
 
 def test_plan_with_local_search_is_never_worse(shipped):
-    from hetpar.agents.planner import plan_with_policy
+    from hetpar.agents.planner import plan_with_policy, policy_problem
     from hetpar.problem.generator import load_suite
 
     inst = load_suite("test-iid").instance(5)
-    base = plan_with_policy(shipped, inst, samples=2, beam=1)
-    better = plan_with_policy(shipped, inst, samples=2, beam=1, improve_evaluations=20000)
-    assert better.value <= base.value and better.improved_from == base.value
-    assert better.improve_s > 0 and (better.improve_moves > 0) == (better.value < base.value)
+    problem = policy_problem(shipped, inst, samples=2)
+    base = plan_with_policy(shipped, problem, beam=1)
+    better = plan_with_policy(shipped, problem, beam=1, improve_evaluations=20000)
+    assert better.value <= base.value and better.details["improved_from"] == base.value
+    moved = better.details["improve_moves"] > 0
+    assert better.timings["improve"] > 0 and moved == (better.value < base.value)
+    assert better.found_by == ("improve" if moved else base.found_by)
     validate_plan(better.plan, inst.cluster, inst.model, inst.training)
-    assert math.isnan(base.improved_from) and base.improve_s == 0.0
+    assert base.details["improved_from"] is None and base.timings["improve"] == 0.0
 
 
 def test_cli_plan_improve(capsys):

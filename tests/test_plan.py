@@ -1,4 +1,4 @@
-"""Plans: the JSON format and every validity rule of DESIGN.md section 2."""
+"""Plans: the JSON format and every validity rule of configs/README.md, section 5."""
 
 from __future__ import annotations
 

@@ -18,14 +18,14 @@ pytest.importorskip("matplotlib")
 
 from hetpar.agents.evaluate import CSV_COLUMNS, evaluate
 from hetpar.agents.io import load_policy, save_policy
-from hetpar.agents.planner import plan_with_policy
+from hetpar.agents.planner import plan_with_policy, policy_problem
 from cli_helpers import assert_one_line_error, run  # noqa: E402
 from hetpar.cluster.topology import load_cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.problem.generator import load_suite, save_instances
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError
-from hetpar.problem import PlanSpace
+from hetpar.problem import PlanSpace, Solution
 from hetpar.solvers.refine import refine_plan
 from hetpar.workload.model import load_model
 from hetpar.workload.training import load_training
@@ -69,32 +69,39 @@ def policy2(tmp_path_factory, tiny_instances) -> Path:
 def test_plan_with_policy_is_feasible_and_scored_like_solve(policy8, cluster):
     bundle = load_policy(policy8)
     cl, model, training = load_cluster(cluster), load_model("gpt2-medium"), load_training(None)
-    res = plan_with_policy(bundle, cl, model, training, seed=3)
+    problem = policy_problem(bundle, cl, model, training, seed=3)
+    res = plan_with_policy(bundle, problem)
+    assert isinstance(res, Solution) and res.method == "policy-greedy"
     assert res.estimate.feasible and math.isfinite(res.value)
-    assert res.samples == SAMPLES and res.objective == "mean" and res.seed == 3
-    assert res.steps >= 4 and res.inference_s > 0 and 0 < res.forward_s <= res.inference_s
-    # The same states as solve(..., samples=K, seed=3) use.
+    assert res.inputs["samples"] == SAMPLES and res.objective == "mean"
+    assert res.inputs["seed"] == 3 and res.found_by in ("rollout", "refine")
+    t = res.timings
+    assert res.details["steps"] >= 4 and t["inference"] > 0
+    assert 0 < t["forward"] <= t["inference"]
+    # The same states as solve(..., samples=K, seed=3) use: the problem's value.
     cm = CostModel(cl, model, training, samples=SAMPLES, seed=3)
-    assert cm.evaluate(res.plan).value("mean") == pytest.approx(res.value, rel=1e-12)
+    mean, p90 = Objective.parse("mean"), Objective.parse("p90")
+    assert cm.evaluate(res.plan).value(mean) == pytest.approx(res.value, rel=1e-12)
+    assert problem.value(res.plan) == res.value
     assert res.plan.num_gpus <= cl.num_gpus
     # Deterministic: the same plan again.
-    assert plan_with_policy(bundle, cl, model, training, seed=3).plan == res.plan
+    assert plan_with_policy(bundle, problem).plan == res.plan
     # The objective can be overridden: the rollout is the same, the refinement follows it.
-    raw = plan_with_policy(bundle, cl, model, training, seed=3, refine=False)
-    again = plan_with_policy(bundle, cl, model, training, seed=3, objective="p90",
-                             refine=False)
+    raw = plan_with_policy(bundle, problem, refine=False)
+    again = plan_with_policy(bundle, problem.with_objective("p90"), refine=False)
     assert again.plan.to_dict() == raw.plan.to_dict()
-    assert again.objective == "p90"
-    assert cm.evaluate(again.plan).value("p90") == pytest.approx(again.value, rel=1e-12)
+    assert again.objective == "p90" and raw.method == "policy-raw"
+    assert cm.evaluate(again.plan).value(p90) == pytest.approx(again.value, rel=1e-12)
     # Refinement keeps the rollout's structure and is never worse than it.
     space = PlanSpace(cl, cm.model, training)
-    assert raw.value == pytest.approx(res.raw_value, rel=1e-12) and raw.refine_s == 0
-    assert res.value <= raw.value and res.refine_s > 0
+    assert raw.value == pytest.approx(res.details["raw_value"], rel=1e-12)
+    assert raw.timings["refine"] == 0 and raw.found_by == "rollout"
+    assert res.value <= raw.value and res.timings["refine"] > 0
     assert space.decompose(res.plan)[0] == space.decompose(raw.plan)[0]
     # Without a step budget it is the structure's best completion.
-    full = plan_with_policy(bundle, cl, model, training, seed=3, refine_steps=None)
+    full = plan_with_policy(bundle, problem, refine_steps=None)
     ref = refine_plan(cm, space, Objective.parse("mean"), raw.plan)
-    assert full.refine_complete and ref.complete
+    assert full.details["refine_complete"] and ref.complete
     assert full.value == pytest.approx(ref.value, rel=1e-12) and full.value <= res.value
 
 
@@ -118,14 +125,18 @@ def test_plan_cli_json_gap_is_consistent(capsys, policy8):
                          "--objective", "cvar0.9")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["objective"] == "cvar0.9" and doc["samples"] == SAMPLES
+    assert doc["objective"] == "cvar0.9" and doc["inputs"]["samples"] == SAMPLES
+    assert doc["inputs"]["cluster"] == "cloud-mixed" and doc["method"] == "policy"
     cmp_ = doc["compare"]
     assert cmp_["method"] == "megatron"
-    assert cmp_["gap"] == pytest.approx(doc["value_s"] / cmp_["value_s"] - 1)
-    assert doc["inference_s"] > 0 and doc["plan"]["stages"]
+    assert cmp_["policy_gap"] == pytest.approx(doc["value_s"] / cmp_["value_s"] - 1)
+    assert doc["timings_s"]["inference"] > 0 and doc["plan"]["stages"]
     # The default: one rollout, refined, then the structure search.
-    assert doc["beam"] == 1 and doc["candidates"] == 1 and doc["improve_s"] > 0
-    assert doc["value_s"] <= doc["improved_from_s"] <= doc["raw_value_s"]
+    d = doc["details"]
+    assert d["beam"] == 1 and d["candidates"] == 1 and doc["timings_s"]["improve"] > 0
+    assert doc["value_s"] <= d["improved_from"] <= d["raw_value"]
+    # The compared method's result has the same fields as the policy's.
+    assert set(cmp_) - {"policy_gap"} == set(doc) - {"compare"}
 
 
 def test_plan_cli_no_improve_skips_the_structure_search(capsys, policy8):
@@ -137,7 +148,8 @@ def test_plan_cli_no_improve_skips_the_structure_search(capsys, policy8):
                          "--model", "gpt2-medium", "--json", "--improve", "0")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["improve_s"] == 0.0 and doc["improve_moves"] == 0
+    assert doc["timings_s"]["improve"] == 0.0 and doc["details"]["improve_moves"] == 0
+    assert doc["method"] == "policy-greedy" and doc["details"]["improved_from"] is None
 
 
 def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, policy8):
@@ -145,7 +157,7 @@ def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, pol
                          "--model", "gpt2-medium", "--json", "--beam", "1")
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["beam"] == 1 and doc["candidates"] == 1
+    assert doc["details"]["beam"] == 1 and doc["details"]["candidates"] == 1
     code, _, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
                        "--model", "gpt2-medium", "--beam", "0")
     assert_one_line_error(code, err, "--beam")
@@ -228,6 +240,17 @@ def test_evaluate_cli_writes_consistent_csv_summary_and_plot(capsys, policy8, tm
         assert float(mine["policy-greedy"]["value_s"]) <= float(mine["policy-raw"]["value_s"])
         assert float(mine["policy"]["value_s"]) <= float(mine["policy-greedy"]["value_s"])
         assert float(mine["policy-beam"]["value_s"]) <= float(mine["policy-greedy"]["value_s"])
+
+    # results.json: every row with the result fields of 'hetpar solve --json', the
+    # isolated exact search's (which answers with its value alone) included.
+    doc = json.loads((out_dir / "results.json").read_text())
+    keys = set(Solution("metis", "mean", None, None, math.inf, 0.0).to_dict())
+    assert len(doc["rows"]) == len(rows)
+    for row, csv_row in zip(doc["rows"], rows):
+        assert keys <= set(row) and row["method"] == csv_row["method"]
+        assert row["value_s"] == pytest.approx(float(csv_row["value_s"]), rel=1e-5)
+        assert row["found"] and row["optimal"] == (row["method"] == "exact")
+        assert row["plan"] is not None or row["method"] == "exact"
 
     summary = (out_dir / "summary.md").read_text()
     for text in ("| method |", "median gap", "p90 gap", "worst gap", "wins vs metis",

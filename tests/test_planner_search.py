@@ -14,7 +14,8 @@ from sb3_contrib import MaskablePPO  # noqa: E402
 
 from hetpar.agents.inference import NumpyLogits  # noqa: E402
 from hetpar.agents.io import default_policy_path, load_policy  # noqa: E402
-from hetpar.agents.planner import BUDGET_MARGIN_S, forward_for, plan_with_policy  # noqa: E402
+from hetpar.agents.planner import BUDGET_MARGIN_S, forward_for  # noqa: E402
+from hetpar.agents.planner import plan_with_policy, policy_problem  # noqa: E402
 from hetpar.agents.planner import instance_of as planner_instance  # noqa: E402
 from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
 from hetpar.costmodel.estimate import CostModel  # noqa: E402
@@ -23,6 +24,12 @@ from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
 from hetpar.problem.generator import load_suite  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
 from hetpar.plan import validate_plan  # noqa: E402
+
+
+def _plan(bundle, where, model=None, training=None, *, samples=None, seed=0, **kwargs):
+    """``plan_with_policy`` on the policy's default problem of an instance or a cluster."""
+    problem = policy_problem(bundle, where, model, training, samples=samples, seed=seed)
+    return plan_with_policy(bundle, problem, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +220,7 @@ def test_blocks_added_in_another_order_reach_the_same_state(larger_env):
 @pytest.mark.parametrize("index", range(4))
 def test_greedy_planning_matches_sb3_deterministic_prediction(shipped, index):
     inst = load_suite("test-iid").instance(index)
-    res = plan_with_policy(shipped, inst, refine=False, samples=4)
+    res = _plan(shipped, inst, refine=False, samples=4)
     env = shipped.make_env([inst], samples=4)
     obs, _ = env.reset(seed=0, options={"instance": 0})
     while True:
@@ -237,14 +244,14 @@ def test_greedy_planning_matches_sb3_deterministic_prediction(shipped, index):
                                          ("test-geo", 3)])
 def test_beam_search_is_never_worse_than_the_greedy_rollout(shipped, suite, index):
     inst = load_suite(suite).instance(index)
-    greedy = plan_with_policy(shipped, inst, samples=4)
+    greedy = _plan(shipped, inst, samples=4)
     for width in (2, 4):
-        res = plan_with_policy(shipped, inst, samples=4, beam=width)
-        assert res.raw_value <= greedy.raw_value * (1 + 1e-12)
+        res = _plan(shipped, inst, samples=4, beam=width)
+        assert res.details["raw_value"] <= greedy.details["raw_value"] * (1 + 1e-12)
         assert res.value <= greedy.value * (1 + 1e-12)
         assert math.isfinite(res.value)
         validate_plan(res.plan, inst.cluster, inst.model, inst.training)
-    assert plan_with_policy(shipped, inst, samples=4, beam=4).plan == res.plan  # deterministic
+    assert _plan(shipped, inst, samples=4, beam=4).plan == res.plan  # deterministic
 
 
 def _same_plan_up_to_symmetry(inst, a, b, samples=4):
@@ -264,10 +271,11 @@ def _same_plan_up_to_symmetry(inst, a, b, samples=4):
 def test_speculative_rollout_takes_the_one_pass_per_step_rollouts_actions(shipped, suite,
                                                                           index):
     inst = load_suite(suite).instance(index)
-    plain = plan_with_policy(shipped, inst, refine=False, samples=4, speculate=1)
-    fast = plan_with_policy(shipped, inst, refine=False, samples=4)
-    assert (fast.steps, fast.forced) == (plain.steps, plain.forced)
-    assert type(fast.steps) is int and type(fast.forced) is int  # they go into JSON
+    plain = _plan(shipped, inst, refine=False, samples=4, speculate=1)
+    fast = _plan(shipped, inst, refine=False, samples=4)
+    assert (fast.details["steps"], fast.details["forced"]) == \
+        (plain.details["steps"], plain.details["forced"])
+    assert type(fast.details["steps"]) is int and type(fast.details["forced"]) is int
     assert _same_plan_up_to_symmetry(inst, fast.plan, plain.plan)
 
 
@@ -380,7 +388,7 @@ def test_planning_runs_blas_on_the_threads_asked_and_restores_them(shipped, monk
 
     monkeypatch.setattr(planner, "_greedy", spy)
     inst = load_suite("test-iid").instance(0)
-    plan_with_policy(shipped, inst, refine=False, samples=2, threads=1)
+    _plan(shipped, inst, refine=False, samples=2, threads=1)
     assert seen and seen[0] and all(n == 1 for n in seen[0])
     assert blas_threads() == before
 
@@ -388,13 +396,13 @@ def test_planning_runs_blas_on_the_threads_asked_and_restores_them(shipped, monk
 def test_speculation_below_one_is_refused(shipped):
     inst = load_suite("test-iid").instance(0)
     with pytest.raises(ConfigError, match="speculate"):
-        plan_with_policy(shipped, inst, speculate=0)
+        _plan(shipped, inst, speculate=0)
 
 
 def test_beam_width_below_one_is_refused(shipped):
     inst = load_suite("test-iid").instance(0)
     with pytest.raises(ConfigError, match="beam"):
-        plan_with_policy(shipped, inst, beam=0)
+        _plan(shipped, inst, beam=0)
 
 
 def _bandwidth_variants(cluster, n, seed):
@@ -412,11 +420,12 @@ def test_a_plan_cache_gives_the_plans_of_fresh_environments(shipped):
     inst = load_suite("test-iid").instance(3)
     cache = PlanCache()
     for cluster in _bandwidth_variants(inst.cluster, 3, seed=1):
-        kept = plan_with_policy(shipped, cluster, inst.model, inst.training, samples=2, beam=2,
+        kept = _plan(shipped, cluster, inst.model, inst.training, samples=2, beam=2,
                                 cache=cache)
-        fresh = plan_with_policy(shipped, cluster, inst.model, inst.training, samples=2, beam=2)
+        fresh = _plan(shipped, cluster, inst.model, inst.training, samples=2, beam=2)
         assert kept.plan == fresh.plan
-        assert kept.value == fresh.value and kept.raw_value == fresh.raw_value
+        assert kept.value == fresh.value
+        assert kept.details["raw_value"] == fresh.details["raw_value"]
     assert len(cache) == 1
 
 
@@ -452,23 +461,25 @@ def test_a_retargeted_environment_observes_and_masks_like_a_fresh_one():
 
 def test_an_incumbent_only_prunes_the_refinement(shipped):
     inst = load_suite("test-iid").instance(4)
-    base = plan_with_policy(shipped, inst, samples=2, beam=2)
+    base = _plan(shipped, inst, samples=2, beam=2)
     # One the policy's best raw plan already beats changes nothing.
-    loose = plan_with_policy(shipped, inst, samples=2, beam=2, incumbent=base.raw_value * 2)
+    loose = _plan(shipped, inst, samples=2, beam=2, incumbent=base.details["raw_value"] * 2)
     assert loose.plan == base.plan and loose.value == base.value
     # One nothing beats: the policy's best raw plan comes back (the caller keeps its own).
-    tight = plan_with_policy(shipped, inst, samples=2, beam=2, incumbent=base.value * 0.5)
-    assert tight.value == tight.raw_value == base.raw_value or tight.value < base.value * 0.5
+    tight = _plan(shipped, inst, samples=2, beam=2, incumbent=base.value * 0.5)
+    raw = base.details["raw_value"]
+    assert tight.value == tight.details["raw_value"] == raw or tight.value < base.value * 0.5
 
 
 def test_a_spent_budget_stops_the_refinement_not_the_plan(shipped):
     inst = load_suite("test-iid").instance(4)
-    spent = plan_with_policy(shipped, inst, samples=2, budget_s=0.0)
-    assert spent.value == spent.raw_value and not spent.refine_complete
+    spent = _plan(shipped, inst, samples=2, budget_s=0.0)
+    assert spent.value == spent.details["raw_value"]
+    assert not spent.details["refine_complete"]
     validate_plan(spent.plan, inst.cluster, inst.model, inst.training)
     # The refinement leaves the margin unused: a budget within it is spent before it starts.
-    margin = plan_with_policy(shipped, inst, samples=2, budget_s=BUDGET_MARGIN_S)
-    assert margin.plan == spent.plan and margin.value == margin.raw_value
-    assert not margin.refine_complete
-    ample = plan_with_policy(shipped, inst, samples=2, budget_s=3600.0)
-    assert ample.plan == plan_with_policy(shipped, inst, samples=2).plan
+    margin = _plan(shipped, inst, samples=2, budget_s=BUDGET_MARGIN_S)
+    assert margin.plan == spent.plan and margin.value == margin.details["raw_value"]
+    assert not margin.details["refine_complete"]
+    ample = _plan(shipped, inst, samples=2, budget_s=3600.0)
+    assert ample.plan == _plan(shipped, inst, samples=2).plan

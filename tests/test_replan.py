@@ -271,3 +271,28 @@ def test_a_policy_decision_runs_without_the_cyclic_collector(monkeypatch, enable
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_planners_answer_with_solutions_of_the_states_problems():
+    """Every re-planning planner returns a ``Solution`` of the state's ``Problem``; the
+    exact one is the solvers' search under a hard deadline (``certify=False``), which
+    finds the optimum of a search that ends in time; states of one topology share the
+    cost model's bandwidth-free tables."""
+    from hetpar.problem import Solution
+    from hetpar.solvers import solve
+
+    sc = parse_scenario(scenario_doc(iterations=3000))
+    planners = Planners(load_model(sc.model), load_training(sc.training), 30.0)
+    tl = build_timeline(sc, np.random.default_rng(0))
+    state = tl.states[0]
+    res = planners.exact(state)
+    assert isinstance(res, Solution) and res.method == "exact" and res.optimal
+    problem = planners.problem(state)
+    assert res.value == problem.value(res.plan)
+    assert res.value == pytest.approx(planners.iteration_time(res.plan, state), rel=1e-12)
+    assert res.value == pytest.approx(solve(problem, "exact").value, rel=1e-12)
+    other = planners.problem(tl.states[1])
+    assert other.cost_model._work_cache is problem.cost_model._work_cache
+    robust = planners.robust(state, np.stack([state.bandwidth, state.bandwidth * 0.5]))
+    assert isinstance(robust, Solution) and robust.objective == "cvar0.9"
+    assert planners.exact(state) is res  # memoised: a state is planned once

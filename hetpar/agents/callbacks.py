@@ -15,10 +15,12 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from hetpar.problem.instance import Instance
+from hetpar.problem import DEFAULT_SEED, Instance, Problem
+from hetpar.solvers.isolated import run_isolated
 
 __all__ = ["StatsWrapper", "StatsCallback", "EvalGapCallback", "CheckpointCallback",
-           "RichProgressCallback", "Reference", "reference_values", "evaluate_policy_gaps"]
+           "RichProgressCallback", "Reference", "reference_problem", "reference_values",
+           "evaluate_policy_gaps"]
 
 
 class StatsWrapper(gym.Wrapper):
@@ -101,65 +103,18 @@ class Reference:
         return min(self.exact, self.metis)
 
 
-def _reference_worker(inst_doc: dict[str, Any], objective: str, samples: int, seed: int,
-                      time_limit: float, conn: Any) -> None:
-    """Subprocess: metis then exact on one instance, each result sent as soon as known."""
-    from hetpar.errors import HetparError
-    from hetpar.problem import Problem
-    from hetpar.solvers import solve
-
-    inst = Instance.from_dict(inst_doc)
-    for method in ("metis", "exact"):
-        try:
-            sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=samples, seed=seed), method=method, time_limit=time_limit if method == "exact" else None)
-            conn.send((method, float(sol.value), sol.gap == 0.0, float(sol.wall_s)))
-        except HetparError:
-            conn.send((method, math.inf, False, 0.0))
-    conn.close()
-
-
-def _solve_references(inst: Instance, objective: str, samples: int, seed: int,
-                      time_limit: float, hard_limit: float) -> dict[str, tuple]:
-    """``metis`` and time-limited ``exact`` in a subprocess killed after ``hard_limit``
-    seconds (the solver's own time limit is soft); missing results are inf."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_reference_worker, daemon=True,
-                       args=(inst.to_dict(), objective, samples, seed, time_limit, child))
-    t0 = time.perf_counter()
-    proc.start()
-    child.close()
-    out: dict[str, tuple] = {}
-    try:
-        while len(out) < 2:
-            left = hard_limit - (time.perf_counter() - t0)
-            if left <= 0 or not parent.poll(left):
-                break
-            method, *rest = parent.recv()
-            out[method] = tuple(rest)
-    except (EOFError, OSError):
-        pass
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-        parent.close()
-    for method in ("metis", "exact"):
-        out.setdefault(method, (math.inf, False, time.perf_counter() - t0))
-    return out
-
-
 def reference_values(instances: Sequence[Instance], *, objective: str, samples: int,
-                     time_limit: float, cache: Path | None = None,
+                     time_limit: float, seed: int = DEFAULT_SEED, cache: Path | None = None,
                      log: Callable[[str], None] | None = None) -> list[Reference]:
-    """``exact`` (time-limited) and ``metis`` values of each instance under the robust
-    objective over ``samples`` draws seeded like the env (``instance.seed``); cached in
-    ``cache`` (JSON) keyed by instance, objective, samples and time limit. Each instance
-    is solved in a subprocess stopped after ``2 * time_limit + 10`` seconds; where exact
-    has no plan by then, the evaluation uses metis as the reference."""
-    key = {"objective": objective, "samples": samples, "time_limit": time_limit}
+    """``exact`` (time-limited) and ``metis`` values of each instance's ``Problem``:
+    ``objective`` over ``samples`` bandwidth states drawn with ``seed`` (``DEFAULT_SEED``
+    unless told: the states ``hetpar evaluate`` scores by default, not the environment's
+    instance-seeded ones; ``evaluate_policy_gaps`` scores the policy's plans on the same
+    problems). Cached in ``cache`` (JSON) keyed by objective, samples, seed and time
+    limit. Each instance is solved by ``run_isolated`` (a child process with a memory
+    cap, stopped ``time_limit + 10`` seconds after the time limit); where exact has no
+    plan by then, the evaluation uses metis as the reference."""
+    key = {"objective": objective, "samples": samples, "seed": seed, "time_limit": time_limit}
     stored: dict[str, Any] = {}
     if cache is not None and cache.is_file():
         try:
@@ -175,11 +130,14 @@ def reference_values(instances: Sequence[Instance], *, objective: str, samples: 
             out.append(Reference(hit["name"], float(hit["exact"]), bool(hit["exact_optimal"]),
                                  float(hit["exact_wall_s"]), float(hit["metis"])))
             continue
-        seed = inst.seed if inst.seed >= 0 else 0
-        values = _solve_references(inst, objective, samples, seed, time_limit,
-                                   2 * time_limit + 10)
-        ref = Reference(inst.name, values["exact"][0], bool(values["exact"][1]),
-                        values["exact"][2], values["metis"][0])
+        problem = reference_problem(inst, objective=objective, samples=samples, seed=seed)
+        t0 = time.perf_counter()
+        # The grace keeps the hard stop at 2 * time_limit + 10 s: metis runs first.
+        res = run_isolated(problem, ("metis", "exact"), time_limit=time_limit,
+                           grace_s=time_limit + 10)
+        exact = res["exact"]
+        wall = exact.wall_s if exact.wall_s is not None else time.perf_counter() - t0
+        ref = Reference(inst.name, exact.value, exact.gap == 0.0, wall, res["metis"].value)
         out.append(ref)
         stored[inst.name] = asdict(ref)
         if log:
@@ -193,13 +151,25 @@ def reference_values(instances: Sequence[Instance], *, objective: str, samples: 
     return out
 
 
+def reference_problem(inst: Instance, *, objective: str, samples: int,
+                      seed: int = DEFAULT_SEED) -> Problem:
+    """The problem a reference value of ``inst`` is measured on (``reference_values``),
+    and the policy's plan with it (``evaluate_policy_gaps``)."""
+    return Problem.from_instance(inst, objective=objective, samples=samples, seed=seed)
+
+
 def _json_float(x: Any) -> Any:
     return str(x)
 
 
-def evaluate_policy_gaps(model: Any, env: Any, refs: Sequence[Reference]) -> dict[str, Any]:
+def evaluate_policy_gaps(model: Any, env: Any, refs: Sequence[Reference],
+                         problems: Sequence[Problem] | None = None) -> dict[str, Any]:
     """Deterministic masked rollouts of ``model`` on instance ``i`` of ``env`` (a robust
-    ``PlanBuilderEnv`` over the evaluation instances) for each reference ``i``."""
+    ``PlanBuilderEnv`` over the evaluation instances) for each reference ``i``.
+
+    ``problems``: reference ``i``'s problem (``reference_problem``); the rollout's plan is
+    scored on it, so the gap compares two values under the same bandwidth states.
+    Without, the environment's own score is used (its instance-seeded states)."""
     gaps_exact, gaps_metis, values, infeasible = [], [], [], 0
     for i, ref in enumerate(refs):
         obs, _ = env.reset(options={"instance": i})
@@ -211,6 +181,9 @@ def evaluate_policy_gaps(model: Any, env: Any, refs: Sequence[Reference]) -> dic
             if terminated or truncated:
                 break
         value = float(info.get("objective_s", math.inf))
+        if problems is not None:
+            plan = info.get("plan")
+            value = problems[i].value(plan) if plan is not None else math.inf
         if not info.get("feasible") or not math.isfinite(value):
             infeasible += 1
             value = math.inf
@@ -241,9 +214,13 @@ class EvalGapCallback(BaseCallback):
     def __init__(self, env: Any, refs: Sequence[Reference], freq: int,
                  save_best: Callable[[Any, dict[str, Any]], None] | None = None,
                  history: Path | None = None, log: Callable[[str], None] | None = None,
-                 last_eval: int = 0, best: float = math.inf) -> None:
+                 last_eval: int = 0, best: float = math.inf,
+                 problems: Sequence[Problem] | None = None) -> None:
         super().__init__()
         self.env, self.refs, self.freq = env, list(refs), int(freq)
+        # The references' problems: the policy's plans are scored on them (see
+        # ``evaluate_policy_gaps``).
+        self.problems = list(problems) if problems is not None else None
         self.save_best, self.history, self.log = save_best, history, log
         self.last_eval = last_eval
         self.best = best
@@ -264,7 +241,7 @@ class EvalGapCallback(BaseCallback):
 
     def evaluate(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        res = evaluate_policy_gaps(self.model, self.env, self.refs)
+        res = evaluate_policy_gaps(self.model, self.env, self.refs, self.problems)
         self.last_eval = self.num_timesteps
         for key in ("gap_exact_mean", "gap_exact_p90", "gap_exact_median", "gap_metis_mean",
                     "beats_metis_frac", "infeasible_frac"):

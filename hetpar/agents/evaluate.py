@@ -1,15 +1,18 @@
 """``hetpar evaluate``: a policy against exact search and the baselines on a suite.
 
-Every method plans each of the first ``n`` instances of a suite (``Suite.instance(i)``),
-and every plan is scored the same way: its ``objective`` over ``samples`` bandwidth states
-drawn with ``seed`` (``solve(..., samples=K, seed=seed)``; the policy's plan by
-``plan_with_policy`` with the same K and seed), so values of one instance compare exactly.
+Every method plans each of the first ``n`` instances of a suite (``Suite.instance(i)``)
+through ``hetpar.agents.planning.plan``, on one ``Problem`` per instance: every plan is
+scored the same way, its ``objective`` over ``samples`` bandwidth states drawn with
+``seed``, so values of one instance compare exactly. Each row keeps the method's
+``Solution`` (``Row.to_dict``: the result fields ``hetpar plan --json`` and ``hetpar
+solve --json`` print, and the row's place in the evaluation).
 
-Gaps follow DESIGN.md section 7: ``T / T_exact - 1`` where ``exact`` proved the optimum
+Gaps (docs/results.md): ``T / T_exact - 1`` where ``exact`` proved the optimum
 within its time limit, otherwise ``T / T_best - 1`` with ``T_best`` the best plan any
 method found (exact's incumbent included); the ``reference`` column says which.
 
 Outputs (``write_outputs``): ``results.csv`` (one row per instance and method),
+``results.json`` (the same rows with every result field, plans included),
 ``summary.md`` (per method: median, p90 and worst gap, win rates against every other
 method, median latency) and ``gap_vs_size.png`` (gap against the cluster's GPU count).
 """
@@ -17,6 +20,7 @@ method, median latency) and ``gap_vs_size.png`` (gap against the cluster's GPU c
 from __future__ import annotations
 
 import csv
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -26,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from hetpar.agents import planning
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError
-from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
+from hetpar.problem import POLICY_SAMPLES, Problem, Solution
+from hetpar.solvers.isolated import run_exact_isolated
 
 __all__ = [
     "CSV_COLUMNS",
@@ -40,14 +46,16 @@ __all__ = [
     "write_outputs",
 ]
 
+# Every method of ``planning.plan``, the policy's first.
 METHODS = ("policy", "policy-beam", "policy-greedy", "policy-raw", "exact", "metis",
-           "megatron", "random")
+           "megatron", "random", "local-search", "brute")
 # policy: ``hetpar plan``'s default (the single most likely rollout, refinement of its
 # structure's inner choices, then the local search over structures); policy-beam: the
 # same from a beam search (``beam``, default WIDE_BEAM); policy-greedy: the refined
 # rollout without the structure search (``hetpar plan --no-improve``); policy-raw: that
 # rollout's plan alone, to show what the network itself decides.
-POLICY_METHODS = ("policy", "policy-beam", "policy-greedy", "policy-raw")
+POLICY_METHODS = planning.POLICY_METHODS
+assert set(METHODS) == set(planning.METHODS)
 CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
                "value_s", "wall_s", "inference_s", "optimal", "gap", "reference", "error")
 _TIE = 1e-9  # relative difference below which two values are a tie
@@ -72,6 +80,31 @@ class Row:
     gap: float = math.nan
     reference: str = ""
     error: str = ""
+    solution: Solution | None = None  # the method's answer (None: no answer, or isolated)
+    inputs: dict[str, Any] = field(default_factory=dict)  # the problem's (Problem.describe)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result fields every command prints (``Solution.to_dict``) and the row's
+        place in the evaluation: suite, index, instance, hosts, gpus, the gap to the
+        instance's reference (``reference_gap``; ``gap`` is the method's own bound gap)
+        and the error."""
+        sol = self.solution
+        if sol is None:
+            # No Solution came back (an error, or the isolated exact search, which
+            # answers with its value alone): the same fields, from what the row knows.
+            sol = Solution(self.method, self.objective, None, None, self.value_s,
+                           self.wall_s, inputs=self.inputs)
+            out = sol.to_dict()
+            out.update(found=math.isfinite(self.value_s), optimal=self.optimal)
+        else:
+            out = sol.to_dict()
+        # The row's wall time, as in results.csv (for the isolated search, without the
+        # process start).
+        out["wall_s"] = self.wall_s
+        out.update(suite=self.suite, index=self.index, instance=self.instance,
+                   hosts=self.hosts, gpus=self.gpus, reference=self.reference,
+                   reference_gap=self.gap, error=self.error)
+        return out
 
     def as_csv(self) -> dict[str, Any]:
         def num(x: float) -> str:
@@ -102,6 +135,13 @@ class Evaluation:
 
     def of(self, method: str) -> list[Row]:
         return [r for r in self.rows if r.method == method]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The evaluation's settings and every row's result fields (``Row.to_dict``)."""
+        return {"suite": self.suite, "n": self.n, "methods": list(self.methods),
+                "objective": self.objective, "samples": self.samples, "seed": self.seed,
+                "time_limit_s": self.time_limit, "policy": self.policy,
+                "rows": [r.to_dict() for r in self.rows]}
 
     def value(self, index: int, method: str) -> float:
         for r in self.rows:
@@ -224,7 +264,9 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
 
     ``bundle`` (a loaded policy) is needed when ``policy`` is among the methods; the
     objective and sample count default to the policy's training settings (else ``mean``
-    and 16). ``progress(index, method)`` is called after every method on every instance.
+    and ``POLICY_SAMPLES``). Every method plans one ``Problem`` per instance through
+    ``planning.plan``. ``progress(index, method)`` is called after every method on every
+    instance.
 
     ``isolate`` runs ``exact`` in a child process (``run_exact_isolated``) that is stopped
     ``grace_s`` seconds after its time limit (default: max(30 s, the time limit)) and may
@@ -232,9 +274,6 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     does not honour its limit cannot stall or exhaust the machine; such a run counts as
     "no plan" and the instance's gaps are taken against the best plan found.
     """
-    from hetpar.problem import Problem
-    from hetpar.solvers.api import solve
-
     if isinstance(suite, (str, Path)):
         from hetpar.problem.generator import load_suite
         suite = load_suite(suite)
@@ -250,7 +289,7 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     defaults = bundle.env_kwargs if bundle is not None else {}
     obj = Objective.parse(objective if objective is not None else
                           str(defaults.get("objective", "mean")))
-    k = int(samples if samples is not None else defaults.get("samples", 16))
+    k = int(samples if samples is not None else defaults.get("samples", POLICY_SAMPLES))
     instances = suite.instances(n)
     if any(m in POLICY_METHODS for m in methods):
         from hetpar.agents.planner import check_hosts
@@ -260,35 +299,34 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     result = Evaluation(suite.name, n, methods, obj.name, k, seed, time_limit,
                         policy=str(bundle.path) if bundle is not None else "")
     for i, inst in enumerate(instances):
-        cluster, model, training = inst.cluster, inst.model, inst.training
+        # One problem per instance: every method is scored by its states (and shares its
+        # cost model's tables).
+        problem = Problem.from_instance(inst, objective=obj, samples=k, seed=seed)
         rows: list[Row] = []
         for m in methods:
             if on_start is not None:
                 on_start(i, m)
             res: dict[str, Any] = {}
-            row = Row(suite.name, i, inst.name, inst.num_hosts, cluster.num_gpus, model.name,
-                      m, obj.name, math.inf, 0.0)
+            row = Row(suite.name, i, inst.name, inst.num_hosts, inst.cluster.num_gpus,
+                      inst.model.name, m, obj.name, math.inf, 0.0,
+                      inputs=problem.describe())
             start = time.perf_counter()
             try:
-                if m in POLICY_METHODS:
-                    from hetpar.agents.planner import plan_with_policy
-                    pp = plan_with_policy(bundle, inst, objective=obj, seed=seed, samples=k,
-                                          refine=m != "policy-raw",
-                                          beam=width if m == "policy-beam" else 1,
-                                          improve_evaluations=DEFAULT_EVALUATIONS
-                                          if m in ("policy", "policy-beam") else 0)
-                    # The policy's own part (the latency target's "policy inference");
-                    # wall_s holds the whole.
-                    row.value_s, row.inference_s = pp.value, pp.inference_s
-                elif m == "exact" and isolate:
+                if m == "exact" and isolate:
                     res = run_exact_isolated(inst, obj.name, k, seed, time_limit, workers,
                                              grace_s=grace_s, memory_gib=memory_gib)
                     row.value_s, row.optimal = res["value_s"], res["optimal"]
                     row.error = res["error"]
                 else:
-                    sol = solve(Problem.of(cluster, model, training, objective=obj, samples=k, seed=seed), method=m, workers=workers, budget=budget, time_limit=time_limit if m == "exact" else None)
+                    sol = planning.plan(problem, m, policy=bundle,
+                                        **_options(m, inst, width, workers, budget, time_limit))
+                    row.solution = sol
                     row.value_s = sol.value if sol.found else math.inf
-                    row.optimal = bool(sol.certificate is not None and sol.certificate.optimal)
+                    row.optimal = sol.optimal
+                    if m in POLICY_METHODS:
+                        # The policy's own part (the latency target's "policy inference");
+                        # wall_s holds the whole.
+                        row.inference_s = sol.timings["inference"]
                     if not sol.found:
                         row.error = "no plan found"
             except HetparError as exc:
@@ -304,90 +342,17 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     return result
 
 
-def _exact_child(conn: Any, inst_doc: dict[str, Any], objective: str, samples: int, seed: int,
-                 time_limit: float, workers: int, memory_bytes: int) -> None:
-    """Body of the child process of ``run_exact_isolated``."""
-    import os
-    import resource
-
-    os.setsid()  # its own process group: the parent stops it together with its workers
-    if memory_bytes > 0:
-        try:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-        except (ValueError, OSError):  # pragma: no cover - a hard limit below ours
-            pass
-    out: dict[str, Any] = {"value_s": math.inf, "optimal": False, "error": ""}
-    try:
-        from hetpar.problem.instance import Instance
-        from hetpar.solvers.api import solve
-
-        inst = Instance.from_dict(inst_doc)
-        start = time.perf_counter()
-        sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=samples, seed=seed), method="exact", workers=workers, time_limit=time_limit)
-        out["wall_s"] = time.perf_counter() - start
-        if sol.found:
-            out["value_s"] = sol.value
-            out["optimal"] = bool(sol.certificate is not None and sol.certificate.optimal)
-        else:
-            out["error"] = "no plan found"
-    except HetparError as exc:
-        out["error"] = " ".join(str(exc).split())
-    except MemoryError:
-        out["error"] = f"out of memory (limit {memory_bytes / 2**30:.0f} GiB)"
-    try:
-        conn.send(out)
-        conn.close()
-    except (BrokenPipeError, OSError):  # the parent stopped waiting
-        pass
-
-
-def run_exact_isolated(inst: Any, objective: str, samples: int, seed: int, time_limit: float,
-                       workers: int = 1, *, grace_s: float | None = None,
-                       memory_gib: float = 8.0) -> dict[str, Any]:
-    """``solve(method="exact")`` on ``inst`` in a child process with a hard stop.
-
-    Returns ``value_s`` (inf without a plan), ``optimal``, ``error`` ("" when fine) and,
-    when the search answered, ``wall_s``. The child (and its search workers) is killed
-    ``grace_s`` after ``time_limit`` (default max(30, time_limit) seconds)."""
-    import multiprocessing as mp
-    import os
-    import signal
-
-    grace = max(30.0, time_limit) if grace_s is None else grace_s
-    hard = time_limit + grace
-    ctx = mp.get_context("forkserver")
-    # Children fork from a server that has the solver imported (once per process).
-    ctx.set_forkserver_preload(["hetpar.solvers.api", "hetpar.problem.instance"])
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_exact_child, daemon=False,
-                       args=(send, inst.to_dict(), objective, samples, seed, time_limit,
-                             workers, int(memory_gib * 2**30)))
-    proc.start()
-    send.close()
-    try:
-        if recv.poll(hard):
-            try:
-                return dict(recv.recv())
-            except EOFError:
-                pass
-        else:
-            return {"value_s": math.inf, "optimal": False,
-                    "error": f"exact did not return within {hard:.0f} s (time limit "
-                             f"{time_limit:g} s + {grace:.0f} s grace); stopped"}
-        proc.join(5)
-        return {"value_s": math.inf, "optimal": False,
-                "error": f"exact search process died (exit code {proc.exitcode}; out of "
-                         f"memory?)"}
-    finally:
-        if proc.pid is not None:
-            try:  # the child and the search workers it started (its process group)
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if proc.is_alive():  # stopped before it made its own group
-                proc.kill()
-        proc.join(5)
-        recv.close()
+def _options(method: str, inst: Any, beam: int, workers: int, budget: int,
+             time_limit: float) -> dict[str, Any]:
+    """``planning.plan``'s options of ``method`` in an evaluation."""
+    if method in POLICY_METHODS:
+        # The suite instance itself: the environment scores its episode with the
+        # instance's own draws, as in training.
+        return {"instance": inst, **({"beam": beam} if method == "policy-beam" else {})}
+    if method == "local-search":
+        return {}
+    return {"workers": workers, "budget": budget,
+            "time_limit": time_limit if method == "exact" else None}
 
 
 def _fill_gaps(rows: list[Row]) -> None:
@@ -413,7 +378,8 @@ def _fill_gaps(rows: list[Row]) -> None:
 
 
 def write_outputs(result: Evaluation, out_dir: str | Path) -> list[Path]:
-    """Write results.csv, summary.md and gap_vs_size.png into ``out_dir`` (created)."""
+    """Write results.csv, results.json, summary.md and gap_vs_size.png into ``out_dir``
+    (created)."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -423,12 +389,15 @@ def write_outputs(result: Evaluation, out_dir: str | Path) -> list[Path]:
             writer.writeheader()
             for r in result.rows:
                 writer.writerow(r.as_csv())
+        json_path = out / "results.json"
+        json_path.write_text(json.dumps(result.to_dict(), allow_nan=True) + "\n",
+                             encoding="utf-8")
         md_path = out / "summary.md"
         md_path.write_text(result.summary_markdown(), encoding="utf-8")
         png_path = plot_gaps(result, out / "gap_vs_size.png")
     except OSError as exc:
         raise ConfigError(str(out), "", f"cannot write: {exc.strerror}") from None
-    return [csv_path, md_path, png_path]
+    return [csv_path, json_path, md_path, png_path]
 
 
 def plot_gaps(result: Evaluation, path: str | Path) -> Path:
@@ -440,7 +409,8 @@ def plot_gaps(result: Evaluation, path: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     markers = {"policy": "o", "policy-beam": "*", "policy-greedy": "P", "policy-raw": "D",
-               "exact": "s", "metis": "^", "megatron": "v", "random": "x"}
+               "exact": "s", "metis": "^", "megatron": "v", "random": "x",
+               "local-search": "<", "brute": ">"}
     worst = 0.0
     for j, m in enumerate(result.methods):
         pts = [(r.gpus, r.gap * 100) for r in result.of(m) if math.isfinite(r.gap)]

@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from hetpar.envs.search import SearchEnv
 from hetpar.errors import ConfigError, HetparError
+from hetpar.problem import DEFAULT_SEED
 
 __all__ = ["ImitationConfig", "Demonstrations", "expert_plans", "demonstrations",
            "behaviour_clone", "EXPERT_METHODS"]
@@ -63,25 +65,42 @@ class ImitationConfig:
 
 # ---- expert plans -------------------------------------------------------------------------
 
-def _cache_key(suite: str, objective: str, samples: int, cfg: ImitationConfig) -> str:
+def _cache_key(suite: str, objective: str, samples: int, cfg: ImitationConfig,
+               seed: int) -> str:
     return json.dumps({"suite": suite, "objective": objective, "samples": samples,
-                       "experts": sorted(cfg.experts),
+                       "seed": seed, "experts": sorted(cfg.experts),
                        "exact_time_limit": cfg.exact_time_limit}, sort_keys=True)
 
 
+def _header_key(header: Any) -> Any:
+    """A cache header as ``_cache_key`` writes it now: caches written before the seed was
+    recorded were all computed with seed 0 (``DEFAULT_SEED``), and stay valid for it."""
+    try:
+        doc = json.loads(header)
+    except (TypeError, ValueError):
+        return header
+    if not isinstance(doc, dict):
+        return header
+    return json.dumps({"seed": 0, **doc}, sort_keys=True)
+
+
 def _expert_one(suite: str, index: int, objective: str, samples: int,
-                experts: Sequence[str], time_limit: float) -> dict[str, Any]:
-    """Best plan of ``experts`` on instance ``index`` (runs in a worker process)."""
-    from hetpar.problem.generator import load_suite
+                experts: Sequence[str], time_limit: float, seed: int) -> dict[str, Any]:
+    """Best plan of ``experts`` on instance ``index`` (runs in a worker process), scored
+    under ``samples`` bandwidth states drawn with ``seed``."""
     from hetpar.problem import Problem
+    from hetpar.problem.generator import load_suite
     from hetpar.solvers import solve
 
     inst = load_suite(suite).instance(index)
+    # One problem for every expert: their values compare, and share its cost model.
+    problem = Problem.from_instance(inst, objective=objective, samples=samples, seed=seed)
     best: dict[str, Any] = {"index": index, "plan": None, "method": None, "value": None}
     t0 = time.process_time()
     for method in experts:
         try:
-            sol = solve(Problem.of(inst.cluster, inst.model, inst.training, objective=objective, samples=samples, seed=0), method=method, time_limit=time_limit if method == "exact" else None)
+            sol = solve(problem, method=method,
+                        time_limit=time_limit if method == "exact" else None)
         except HetparError as exc:  # e.g. a generated instance that fits nowhere
             best.setdefault("errors", []).append(f"{method}: {exc}")
             continue
@@ -99,15 +118,20 @@ def _worker_init() -> None:
 
 def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples: int,
                  cfg: ImitationConfig, cache: Path,
-                 log: Callable[[str], None] | None = None) -> dict[int, Any]:
+                 log: Callable[[str], None] | None = None,
+                 seed: int = DEFAULT_SEED) -> dict[int, Any]:
     """Index -> expert ``Plan`` (or None where no method found one), cached in ``cache``.
 
+    Each instance's experts plan its ``Problem`` of ``objective`` over ``samples``
+    bandwidth states drawn with ``seed`` (the seed of the draws only; ``DEFAULT_SEED``,
+    as for the training's evaluation references, unless told).
+
     The cache's first line records what the plans were computed for (suite, objective,
-    samples, experts, time limit); a cache made for something else is refused rather than
-    silently mixed in."""
+    samples, seed, experts, time limit); a cache made for something else is refused
+    rather than silently mixed in."""
     from hetpar.plan import Plan
 
-    key = _cache_key(suite, objective, samples, cfg)
+    key = _cache_key(suite, objective, samples, cfg, seed)
     done: dict[int, dict[str, Any]] = {}
     lines = cache.read_text().splitlines() if cache.is_file() else []
     if lines:
@@ -117,7 +141,7 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
             header = None
         if header is None:
             raise ConfigError(str(cache), "", "not a hetpar expert-plan cache")
-        if header != key:
+        if _header_key(header) != key:
             raise ConfigError(str(cache), "", f"expert plans for another setting "
                                               f"({header}); expected {key}")
         for n, line in enumerate(lines[1:], start=2):
@@ -148,7 +172,7 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
                     log(f"expert plans: {len(done)}/{len(wanted)} "
                         f"({time.perf_counter() - t0:.0f}s)")
 
-            args = (objective, samples, tuple(cfg.experts), cfg.exact_time_limit)
+            args = (objective, samples, tuple(cfg.experts), cfg.exact_time_limit, seed)
             if cfg.workers <= 1:
                 for i in todo:
                     keep(_expert_one(suite, i, *args))
@@ -192,7 +216,7 @@ class Demonstrations:
                               self.expert_reward, self.skipped)
 
 
-def demonstrations(env: Any, plans: Mapping[int, Any]) -> Demonstrations:
+def demonstrations(env: SearchEnv, plans: Mapping[int, Any]) -> Demonstrations:
     """Replay each instance's expert plan in ``env`` (a ``PlanBuilderEnv`` over the same
     suite); decisions with a single allowed action are left out (nothing to learn)."""
     from hetpar.errors import PlanError

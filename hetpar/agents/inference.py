@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from hetpar.envs.types import GlobalFeature as G
+
 __all__ = ["NumpyLogits"]
 
 _LAYER_FEATURES = 6
@@ -142,12 +144,9 @@ class NumpyLogits:
     """Action logits of a ``HostAttentionExtractor``, computed with numpy."""
 
     def __init__(self, extractor: Any) -> None:
-        from hetpar.agents.policy import _G
-
         ex = extractor
         self.n_actions = int(ex.n_actions)
         self.max_layers = int(ex.layout.max_layers)
-        self._g = _G
         self.glob = _mlp(ex.glob)
         self.host_in = _mlp(ex.host_in)
         self.glob_to_host = _linear(ex.glob_to_host)
@@ -176,8 +175,7 @@ class NumpyLogits:
         # The layer-count features are a function of three globals (model layers, layers
         # left, the open stage's capacity) that recur step after step and episode after
         # episode: their projection is memoised per batch of those values.
-        g = self._g
-        self._layer_cols = [g["model_layers"], g["layers_left"], g["open_capacity"]]
+        self._layer_cols = [int(G.MODEL_LAYERS), int(G.LAYERS_LEFT), int(G.OPEN_CAPACITY)]
         self._layer_terms: dict[bytes, np.ndarray] = {}
 
     def _edges(self, pairs: np.ndarray) -> tuple[list[tuple[np.ndarray, np.ndarray]], bool]:
@@ -210,10 +208,10 @@ class NumpyLogits:
         return hit
 
     def _layer_features(self, g: np.ndarray) -> np.ndarray:
-        G, max_layers = self._g, float(self.max_layers)
-        total = np.maximum(g[:, G["model_layers"]] * max_layers, 1.0)[:, None]
-        left = np.maximum(g[:, G["layers_left"]][:, None] * total, 1.0)
-        cap = np.maximum(g[:, G["open_capacity"]][:, None] * total, 1.0)
+        max_layers = float(self.max_layers)
+        total = np.maximum(g[:, G.MODEL_LAYERS] * max_layers, 1.0)[:, None]
+        left = np.maximum(g[:, G.LAYERS_LEFT][:, None] * total, 1.0)
+        cap = np.maximum(g[:, G.OPEN_CAPACITY][:, None] * total, 1.0)
         k = self.ks[None, :]
         feats = [k / total, np.minimum(k / left, 4.0), np.maximum(1.0 - k / left, -3.0),
                  (np.abs(k - left) < 0.5).astype(np.float32), np.minimum(k / cap, 4.0),

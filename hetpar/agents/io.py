@@ -56,7 +56,7 @@ def observation_signature(max_hosts: int, max_micro: int = 16, max_tp: int = 16,
                           max_layers: int = 128) -> dict[str, Any]:
     """Feature names, observation shapes and action-layout sizes of this hetpar version."""
     from hetpar.envs.actions import KINDS, ActionLayout
-    from hetpar.envs.observation import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES
+    from hetpar.envs.types import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES
 
     layout = ActionLayout(int(max_hosts), int(max_micro), int(max_tp).bit_length() - 1,
                           int(max_layers))

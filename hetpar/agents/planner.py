@@ -6,20 +6,25 @@ keyword arguments the policy was trained with (``bundle.meta["env_kwargs"]``), i
 lets the policy pick the most likely allowed action at every step. The masks guarantee a
 plan that fits in memory.
 
-The plan is then scored like the solvers score theirs: a ``CostModel`` over ``samples``
-bandwidth states drawn with ``seed`` (the same states as ``solve(..., samples=K,
-seed=seed)``), so values are directly comparable with ``exact`` and the baselines.
+The plan is then scored like the solvers score theirs: by the ``Problem`` it is given
+(its objective over its ``samples`` bandwidth states drawn with its ``seed``, the same
+states as ``solve(problem, ...)``), so values are directly comparable with ``exact`` and
+the baselines. ``policy_problem`` makes that problem with the policy's training objective
+and sample count where the caller does not choose them.
 
 **Refinement** (on by default, ``refine_steps`` search steps at most): the rollout's structure
 (stages in order, each stage's GPU type, TP degree and hosts) is kept and the exact
 search's layer-split subroutine picks the best micro-batch count, recompute mode and layer
 split for it (``hetpar.solvers.refine``). Those inner choices are where a policy's small
 slips cost most (a layer too many on a slow stage), and the exact subroutine settles them
-in milliseconds; the result is never worse than the rollout's plan (``raw_value``).
+in milliseconds; the result is never worse than the rollout's plan (``details["raw_value"]``).
 
-Timing: ``setup_s`` is the environment construction (feasibility tables of the instance),
-``inference_s`` the rollout (policy forward passes plus the masks of the visited states),
-``forward_s`` the policy's forward passes alone, ``refine_s`` the refinement.
+``plan_with_policy`` returns a ``Solution`` like every planner (``hetpar.agents.planning``).
+Its ``found_by`` is the step that produced the plan (``rollout``, ``refine`` or
+``improve``); its ``timings``: ``setup`` the environment construction (feasibility tables
+of the instance), ``inference`` the rollout (policy forward passes plus the masks of the
+visited states), ``forward`` the forward passes alone (a part of ``inference``),
+``refine`` the refinement, ``improve`` the structure search.
 """
 
 from __future__ import annotations
@@ -28,25 +33,27 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.constants import CostConstants
-from hetpar.costmodel.estimate import CostModel, Estimate
+from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.problem.instance import Instance
+from hetpar.envs.search import SearchEnv
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
 from hetpar.plan import Plan
+from hetpar.problem import POLICY_SAMPLES, Problem, Solution
+from hetpar.problem.instance import Instance
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["DEFAULT_BEAM", "DEFAULT_SAMPLES", "WIDE_BEAM", "PlanCache", "PolicyPlan", "check_hosts",
-           "forward_for", "instance_of", "plan_with_policy"]
+__all__ = ["DEFAULT_BEAM", "DEFAULT_REFINE_STEPS", "REFINE_CANDIDATES", "WIDE_BEAM",
+           "PlanCache", "check_hosts", "forward_for", "instance_of", "plan_with_policy",
+           "policy_method", "policy_problem"]
 
-DEFAULT_SAMPLES = 16  # bandwidth states when the policy's metadata does not say
 # Search steps of the refinement (a node budget, not a clock, so that a plan is the same on
 # every machine); structures of 1-4 stages take 1-130 steps at about 0.5 ms each.
 DEFAULT_REFINE_STEPS = 500
@@ -85,56 +92,6 @@ class PolicyLike(Protocol):
     def env_kwargs(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class PolicyPlan:
-    """A plan produced by a policy, its estimate and how long it took."""
-
-    plan: Plan
-    estimate: Estimate
-    value: float  # the objective's value in seconds over the fixed bandwidth samples
-    objective: str
-    samples: int
-    seed: int
-    steps: int  # environment steps of the rollout
-    forced: int  # steps with a single allowed action (no forward pass)
-    setup_s: float  # environment construction for this instance
-    inference_s: float  # the rollout: forward passes and masks
-    forward_s: float  # the policy's forward passes alone
-    policy: str  # the policy file
-    env_value: float = math.nan  # the environment's own score (instance-seeded samples)
-    raw_value: float = math.nan  # the rollout's plan before refinement
-    refine_s: float = 0.0  # the refinement (0 when off)
-    refine_complete: bool = False  # refinement proved the best completion of the structure
-    beam: int = 1  # beam width of the search (1: the single most likely rollout)
-    candidates: int = 1  # finished plans the search compared
-    details: dict[str, Any] = field(default_factory=dict)
-    improve_s: float = 0.0  # the structure local search (0 when off)
-    improve_moves: int = 0  # structure edits it accepted
-    improved_from: float = math.nan  # the refined plan's value before the local search
-
-    @property
-    def wall_s(self) -> float:
-        return self.setup_s + self.inference_s + self.refine_s + self.improve_s
-
-    @property
-    def latency_s(self) -> float:
-        """Time to the plan once the environment exists: rollout, refinement and the
-        local search when on."""
-        return self.inference_s + self.refine_s + self.improve_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"method": "policy", "policy": self.policy, "objective": self.objective,
-                "value_s": self.value, "samples": self.samples, "seed": self.seed,
-                "steps": self.steps, "forced_steps": self.forced, "setup_s": self.setup_s,
-                "inference_s": self.inference_s,
-                "forward_s": self.forward_s, "refine_s": self.refine_s,
-                "raw_value_s": self.raw_value, "refine_complete": self.refine_complete,
-                "beam": self.beam, "candidates": self.candidates,
-                "improve_s": self.improve_s, "improve_moves": self.improve_moves,
-                "improved_from_s": self.improved_from, "wall_s": self.wall_s,
-                "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
-
-
 class PlanCache:
     """What ``plan_with_policy`` keeps between calls on clusters of one topology (the
     successive network states of a re-planned training run): per topology, model,
@@ -163,10 +120,10 @@ class PlanCache:
             hit = self._forwards[id(policy)] = (policy, forward_for(policy))
         return hit[1]
 
-    def get(self, key: tuple) -> tuple[Any, CostModel] | None:
+    def get(self, key: tuple) -> tuple[SearchEnv, CostModel] | None:
         return self._entries.get(key)
 
-    def put(self, key: tuple, env: Any, cm: CostModel) -> None:
+    def put(self, key: tuple, env: SearchEnv, cm: CostModel) -> None:
         if len(self._entries) >= self.size:
             del self._entries[next(iter(self._entries))]
         self._entries[key] = (env, cm)
@@ -233,10 +190,40 @@ def check_hosts(bundle: PolicyLike, inst: Instance, source: str = "") -> None:
                      model_layers=inst.model.layers)
 
 
-def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
-                     model: ModelSpec | None = None, training: TrainingSpec | None = None, *,
-                     objective: str | Objective | None = None, seed: int = 0,
-                     samples: int | None = None, constants: CostConstants | None = None,
+def policy_problem(bundle: PolicyLike, cluster: Cluster | Instance,
+                   model: ModelSpec | None = None, training: TrainingSpec | None = None, *,
+                   objective: str | Objective | None = None, samples: int | None = None,
+                   seed: int = 0, constants: CostConstants | None = None) -> Problem:
+    """The ``Problem`` a policy plans by default: ``objective`` defaults to the one the
+    policy was trained for and ``samples`` to its robust-mode sample count (else
+    ``POLICY_SAMPLES``); ``seed`` is the seed of the bandwidth draws. ``cluster`` is a
+    ``Cluster`` (with ``model`` and ``training``) or an ``Instance``."""
+    inst = instance_of(cluster, model, training)
+    trained = bundle.env_kwargs
+    obj = objective if objective is not None else str(trained.get("objective", "mean"))
+    k = int(samples if samples is not None else trained.get("samples") or POLICY_SAMPLES)
+    if k < 1:
+        raise ConfigError("", "samples", f"must be at least 1, got {k}")
+    if isinstance(cluster, Instance):
+        return Problem.from_instance(inst, objective=obj, samples=k, seed=seed,
+                                     constants=constants)
+    return Problem.of(inst.cluster, inst.model, inst.training, objective=obj, samples=k,
+                      seed=seed, constants=constants, name=inst.name)
+
+
+def policy_method(beam: int = 1, refine: bool = True, improve_evaluations: int = 0) -> str:
+    """The name of a policy planner's settings, as ``hetpar evaluate`` names its methods:
+    ``policy-raw`` (the rollout alone), ``policy-beam`` (from a beam search), ``policy``
+    (the rollout refined, then the structure search) or ``policy-greedy`` (refined only)."""
+    if not refine:
+        return "policy-raw"
+    if beam > 1:
+        return "policy-beam"
+    return "policy" if improve_evaluations > 0 else "policy-greedy"
+
+
+def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None = None,
+                     instance: Instance | None = None,
                      threads: int | None = 1, source: str = "", refine: bool = True,
                      refine_steps: int | None = DEFAULT_REFINE_STEPS,
                      refine_time: float | None = None, beam: int = 1,
@@ -245,19 +232,23 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                      incumbent: float = math.inf,
                      budget_s: float | None = None,
                      improve_evaluations: int = 0,
-                     speculate: int = SPECULATE) -> PolicyPlan:
-    """One deterministic masked rollout of ``bundle``'s policy on one instance.
+                     speculate: int = SPECULATE) -> Solution:
+    """One deterministic masked rollout of ``bundle``'s policy on ``problem``.
 
-    ``cluster`` is a ``Cluster`` (with ``model`` and ``training``) or an ``Instance``.
-    ``objective`` defaults to the one the policy was trained for, ``samples`` to its
-    robust-mode sample count; the plan is scored over ``samples`` bandwidth states drawn
-    with ``seed``. ``threads`` sets torch's intra-op threads for the rollout (restored
-    afterwards; None leaves it alone). ``refine`` polishes the rollout's plan within
+    The plan is scored by ``problem`` (its objective over its bandwidth states; make one
+    with the policy's defaults with ``policy_problem``). ``method`` names the result
+    (default: ``policy_method`` of the settings). ``instance``: the suite instance the
+    problem was made from, if any; the environment then scores its episode as it did in
+    training (with the instance's own draws: ``details["env_value"]``). ``threads``
+    sets torch's intra-op threads for the rollout (restored afterwards; None leaves it
+    alone). ``refine`` polishes the rollout's plan within
     ``refine_steps`` search steps and ``refine_time`` seconds (None: no limit; see the
     module docstring). ``beam`` > 1 runs a beam search of that width over the policy's
     log-probabilities instead of the single most-likely rollout (see the module
     docstring); besides the greedy rollout's structure, the ``refine_candidates`` best
-    other structures it finished are refined. ``cache`` (a ``PlanCache``) keeps the
+    other structures it finished are refined. ``improve_evaluations`` > 0 then runs the
+    structure search (``hetpar.solvers.local_search.improve_structure``) with that many
+    scored completions at most. ``cache`` (a ``PlanCache``) keeps the
     environment and cost model between calls for clusters of one topology under changing
     bandwidth, as a re-planner makes them: only bandwidth terms are rebuilt, and the plan
     is the one a call without the cache gives. ``incumbent`` is the value of a plan the
@@ -276,14 +267,14 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
 
     from hetpar.envs.env import PlanBuilderEnv
 
-    inst = instance_of(cluster, model, training)
+    inst = instance if instance is not None else instance_of(
+        problem.cluster, problem.model, problem.training, name=problem.name or None)
     check_hosts(bundle, inst, source)
     kwargs = dict(bundle.env_kwargs)
     kwargs.pop("max_hosts", None)
-    trained_obj = Objective.parse(str(kwargs.pop("objective", "mean")))
-    obj = (objective if isinstance(objective, Objective) else
-           Objective.parse(objective) if objective is not None else trained_obj)
-    k = int(samples if samples is not None else kwargs.get("samples") or DEFAULT_SAMPLES)
+    kwargs.pop("objective", None)
+    obj, k, seed, constants = problem.objective, problem.samples, problem.seed, \
+        problem.constants
     if k < 1:
         raise ConfigError("", "samples", f"must be at least 1, got {k}")
     if improve_evaluations < 0:
@@ -294,6 +285,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     if speculate < 1:
         raise ConfigError("", "speculate", f"must be at least 1, got {speculate}")
     kwargs.pop("bandwidth", None)
+    # The environment sees as many states as the problem scores: its robust objective
+    # is the problem's.
     kwargs["samples"] = k
 
     start = called = time.perf_counter()
@@ -303,14 +296,17 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     if kept is None:
         env = PlanBuilderEnv([inst], max_hosts=bundle.max_hosts, objective=obj.name,
                              bandwidth="robust", constants=constants, **kwargs)
-        cm = CostModel(inst.cluster, inst.model, inst.training, constants=constants,
-                       samples=k, seed=seed)
+        cm = problem.cost_model
         if cache is not None:
             cache.put(key, env, cm)
     else:
         env = kept[0].retarget(inst)
-        cm = kept[1].with_bandwidth(
-            inst.cluster.sample_link_bandwidth(np.random.default_rng(seed), k))
+        # The problem's states on the kept bandwidth-free tables (building the problem's
+        # own cost model would rebuild them).
+        cm = kept[1].with_bandwidth(problem.bandwidth if problem.bandwidth is not None
+                                    else problem.cluster.bandwidth_states(k, seed))
+    # The environment's episode seed is the problem's seed, as it has always been; in
+    # the robust mode the rollout does not depend on it.
     obs, _ = env.reset(seed=seed, options={"instance": 0})
     policy = bundle.model.policy
     with _intra_op_threads(threads, cache):
@@ -337,7 +333,8 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
     values = [_value(cm, obj, p) for p in candidates]
     order = sorted(range(len(candidates)), key=lambda n: (values[n], n))
     plan, value = candidates[order[0]], values[order[0]]
-    raw_value = value
+    raw_value, found_by = value, "rollout"
+    evaluations = len(candidates)  # plans the cost model scored, the search's included
     if not math.isfinite(value):  # pragma: no cover - the masks guarantee a fitting plan
         raise InfeasibleError(f"the policy's plan does not fit in memory: "
                               f"{'; '.join(cm.evaluate(plan).overflow)}")
@@ -372,10 +369,14 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
                 limit = left if limit is None else min(limit, left)
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
                               time_limit=limit, beat=min(best, incumbent))
+            evaluations += ref.evaluations
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
         refine_s = time.perf_counter() - t0
-    improve_s, moves, improved_from = 0.0, 0, math.nan
+        if value < raw_value:
+            found_by = "refine"
+    improve_s, moves = 0.0, 0
+    improved_from: float | None = None  # the refined value the structure search started at
     if improve_evaluations > 0:
         from hetpar.solvers.local_search import improve_structure
 
@@ -385,18 +386,27 @@ def plan_with_policy(bundle: PolicyLike, cluster: Cluster | Instance,
         imp = improve_structure(cm, space, obj, plan, max_evaluations=improve_evaluations,
                                 beat=min(value, incumbent))
         improved_from = value
+        evaluations += imp.evaluations
         if imp.value < value:
             plan, value, complete, moves = imp.plan, imp.value, False, imp.moves
+            found_by = "improve"
         improve_s = time.perf_counter() - t0
     est = cm.evaluate(plan)
-    return PolicyPlan(plan=plan, estimate=est, value=value, objective=obj.name, samples=k,
-                      seed=seed, steps=steps, forced=forced, setup_s=setup_s,
-                      inference_s=inference_s,
-                      forward_s=forward_s, policy=_policy_name(bundle),
-                      env_value=float(info.get("objective_s", math.nan)),
-                      raw_value=raw_value, refine_s=refine_s, refine_complete=complete,
-                      beam=beam, candidates=len(candidates), improve_s=improve_s,
-                      improve_moves=moves, improved_from=improved_from)
+    env_value = float(info.get("objective_s", math.nan))
+    details: dict[str, Any] = {
+        "policy": _policy_name(bundle), "steps": steps, "forced": forced, "beam": beam,
+        "candidates": len(candidates), "raw_value": raw_value,
+        "env_value": env_value if math.isfinite(env_value) else None,
+        "refine_complete": complete, "improve_evaluations": improve_evaluations,
+        "improve_moves": moves, "improved_from": improved_from}
+    # ``forward`` is a part of ``inference``; the others add up to the planner's time
+    # (scoring the candidates and the final estimate aside).
+    timings = {"setup": setup_s, "inference": inference_s, "forward": forward_s,
+               "refine": refine_s, "improve": improve_s}
+    return Solution(method or policy_method(beam, refine, improve_evaluations), obj.name,
+                    plan, est, value, time.perf_counter() - called,
+                    evaluations=evaluations, found_by=found_by,
+                    timings=timings, details=details, inputs=problem.describe())
 
 
 class Forward(Protocol):
@@ -446,7 +456,7 @@ def _stack(observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 def _value(cm: CostModel, obj: Objective, plan: Plan) -> float:
     times, feasible = cm.iteration_times(plan)
-    return obj(np.atleast_1d(np.asarray(times, dtype=float))) if feasible else math.inf
+    return obj.score(times, feasible)
 
 
 def _broken(bundle: PolicyLike, steps: int) -> HetparError:
@@ -455,7 +465,7 @@ def _broken(bundle: PolicyLike, steps: int) -> HetparError:
                        f"version's environment")
 
 
-def _greedy(env: Any, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
+def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
             lookahead: int = SPECULATE,
             ) -> tuple[Plan, dict[str, Any], tuple[int, int, float]]:
     """The most likely allowed action at every step; (plan, last info, (steps, forced
@@ -610,7 +620,7 @@ class _Beam:
     masks: np.ndarray           # that reached it (restoring does not rebuild them)
 
 
-def _beam_search(env: Any, forward: Forward, bundle: PolicyLike, width: int,
+def _beam_search(env: SearchEnv, forward: Forward, bundle: PolicyLike, width: int,
                  ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
     """Beam search over action sequences by the policy's log-probability: at each depth
     every live beam proposes its ``width`` most likely allowed actions, and the ``width``

@@ -41,11 +41,11 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from hetpar.envs.actions import ActionLayout
-from hetpar.envs.observation import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES
+from hetpar.envs.types import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES, GlobalFeature
 
 __all__ = ["HostAttentionExtractor", "HostAttentionPolicy", "layout_from_spaces"]
 
-_G = {name: i for i, name in enumerate(GLOBAL_FEATURES)}
+_G = GlobalFeature
 _LAYER_FEATURES = 6
 
 
@@ -135,9 +135,9 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
 
     def _layer_features(self, g: th.Tensor) -> th.Tensor:
         max_layers = float(self.layout.max_layers)
-        total = (g[:, _G["model_layers"]] * max_layers).clamp(min=1.0)[:, None]  # L
-        left = (g[:, _G["layers_left"]:_G["layers_left"] + 1] * total).clamp(min=1.0)
-        cap = (g[:, _G["open_capacity"]:_G["open_capacity"] + 1] * total).clamp(min=1.0)
+        total = (g[:, _G.MODEL_LAYERS] * max_layers).clamp(min=1.0)[:, None]  # L
+        left = (g[:, _G.LAYERS_LEFT:_G.LAYERS_LEFT + 1] * total).clamp(min=1.0)
+        cap = (g[:, _G.OPEN_CAPACITY:_G.OPEN_CAPACITY + 1] * total).clamp(min=1.0)
         k = self.ks[None, :]
         feats = [k / total, (k / left).clamp(max=4.0), (1.0 - k / left).clamp(min=-3.0),
                  (th.abs(k - left) < 0.5).to(g.dtype), (k / cap).clamp(max=4.0),

@@ -29,6 +29,12 @@ Configuration (YAML, in the style of rl-baselines3-zoo; ``configs/train/*.yaml``
       samples: 16             # bandwidth draws of the robust objective
     checkpoint: {freq: 50000, keep: 3}
 
+``seed`` seeds PPO, the networks and the environments; it is not the seed of the
+bandwidth states that the evaluation references and the imitation's expert plans are
+scored under: those are drawn with ``hetpar.problem.DEFAULT_SEED`` (0, ``hetpar
+evaluate``'s default ``--seed``), so runs of any seed share the reference values and the
+expert-plan cache, and their logged gaps are the ones ``hetpar evaluate`` measures.
+
 A run folder ``runs/<run-name>/`` holds ``config.yaml`` (resolved), ``tb/`` (TensorBoard),
 ``checkpoints/``, ``eval_reference.json`` (exact and metis values of the evaluation set),
 ``eval_history.jsonl``, ``best_policy.zip``, ``final_policy.zip`` and, after Ctrl-C,
@@ -327,10 +333,12 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     from hetpar.agents.callbacks import (CheckpointCallback, EvalGapCallback,
-                                         RichProgressCallback, StatsCallback, reference_values)
+                                         RichProgressCallback, StatsCallback,
+                                         reference_problem, reference_values)
     from hetpar.agents.io import save_policy
     from hetpar.agents.policy import HostAttentionPolicy
     from hetpar.envs.env import PlanBuilderEnv
+    from hetpar.problem import DEFAULT_SEED
     from hetpar.problem.generator import load_suite
 
     messages: list[str] = []
@@ -374,6 +382,7 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     # Fixed evaluation set, with exact and metis values computed once per run folder.
     ev = cfg.eval
     refs: list[Any] = []
+    eval_problems: list[Any] = []
     eval_env = None
     if ev["n"] > 0:
         eval_suite = load_suite(ev["suite"])
@@ -382,9 +391,15 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         instances = eval_suite.instances(ev["n"] if size is None else min(ev["n"], size), start)
         say(f"evaluation set: {len(instances)} instances of {ev['suite']} from index {start}; "
             f"exact (time limit {ev['exact_time_limit']:g}s) and metis, cached")
+        # Not cfg.seed: the references' bandwidth states are every run's (module docstring).
         refs = reference_values(instances, objective=cfg.env["objective"],
                                 samples=ev["samples"], time_limit=ev["exact_time_limit"],
-                                cache=run_dir / "eval_reference.json", log=say)
+                                seed=DEFAULT_SEED, cache=run_dir / "eval_reference.json",
+                                log=say)
+        # The policy's plans are scored on the references' problems, not by the env.
+        eval_problems = [reference_problem(inst, objective=cfg.env["objective"],
+                                           samples=ev["samples"], seed=DEFAULT_SEED)
+                         for inst in instances]
         eval_env = PlanBuilderEnv(instances, **{**env_kwargs, "bandwidth": "robust",
                                                 "samples": ev["samples"]})
 
@@ -422,7 +437,7 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         if eval_env is not None:
             from hetpar.agents.callbacks import evaluate_policy_gaps
 
-            res = evaluate_policy_gaps(model, eval_env, refs)
+            res = evaluate_policy_gaps(model, eval_env, refs, eval_problems)
             res["timesteps"] = 0
             res["phase"] = "imitation"
             with history.open("a") as fh:
@@ -439,7 +454,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         eval_cb = EvalGapCallback(
             eval_env, refs, ev["freq"],
             save_best=lambda m, res: save(m, best_path, {"eval": _summary(res)}),
-            history=history, log=say, last_eval=start_steps, best=best_so_far)
+            history=history, log=say, last_eval=start_steps, best=best_so_far,
+            problems=eval_problems)
         callbacks.append(eval_cb)
     callbacks.append(CheckpointCallback(cfg.checkpoint["freq"], save, ckpt_dir,
                                         cfg.checkpoint["keep"]))
@@ -489,6 +505,7 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
     from hetpar.agents.imitation import (ImitationConfig, behaviour_clone, demonstrations,
                                          expert_plans, expert_summary)
     from hetpar.envs.env import PlanBuilderEnv
+    from hetpar.problem import DEFAULT_SEED
 
     assert cfg.imitation is not None
     im = ImitationConfig(**{**cfg.imitation, "experts": tuple(cfg.imitation["experts"])})
@@ -503,8 +520,9 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
         runs / "expert-cache" / f"{suite_tag}-{objective}-{samples}-"
                                 f"{'+'.join(sorted(im.experts))}-{im.exact_time_limit:g}s.jsonl")
     t0 = time.perf_counter()
+    # Scored under DEFAULT_SEED's bandwidth states, not cfg.seed's (module docstring).
     plans = expert_plans(cfg.suite, range(n), objective=objective, samples=samples, cfg=im,
-                         cache=cache, log=say)
+                         cache=cache, log=say, seed=DEFAULT_SEED)
     say(expert_summary(plans, cache) + f" in {time.perf_counter() - t0:.0f}s; cache {cache}")
     demos = demonstrations(env, plans)
     if demos.skipped:

@@ -2,6 +2,11 @@
 
 Every problem with the user's input ends as one line on stderr naming the file, the
 field and the problem, with exit status 2 (argparse usage errors also exit 2).
+
+``hetpar solve``, ``hetpar plan`` and ``hetpar evaluate`` read their inputs into one
+``Problem`` (the objective parsed once), plan it with ``hetpar.agents.planning.plan`` and
+print the ``Solution``'s fields: ``--json`` prints ``Solution.to_dict()`` (evaluate: one
+such object per row), the tables ``render_solution``.
 """
 
 from __future__ import annotations
@@ -59,17 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Find a plan for the cluster, model and training spec. 'exact' proves the "
                     "optimum over the plan space (with --time-limit it returns the best plan "
                     "found, a proven lower bound and the gap); 'megatron', 'metis' and 'random' "
-                    "are the baselines users would otherwise pick; 'brute' enumerates tiny "
-                    "instances.")
+                    "are the baselines users would otherwise pick; 'local-search' climbs from "
+                    "the Metis-style plan over structures a few edits away; 'brute' "
+                    "enumerates tiny instances.")
     _add_instance_args(sol)
     sol.add_argument("--method", default="exact", choices=("exact", "megatron", "metis",
-                                                           "random", "brute"),
+                                                           "random", "local-search", "brute"),
                      help="search method (default exact)")
     _add_scoring_args(sol, "bandwidth states the objective is computed over (default 32)")
     sol.add_argument("--workers", type=int, default=1, metavar="N",
                      help="worker processes for the exact search (default 1)")
     sol.add_argument("--time-limit", type=float, default=None, metavar="S",
-                     help="stop the exact search after S seconds (anytime)")
+                     help="stop the exact search (or the local search) after S seconds "
+                          "(anytime)")
     sol.add_argument("--budget", type=int, default=200,
                      help="plans the random baseline may score (default 200)")
     sol.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
@@ -164,8 +171,10 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.agents import planning
     from hetpar.costmodel.objective import Objective
-    from hetpar.solvers.api import Progress, solve
+    from hetpar.problem import Problem
+    from hetpar.solvers.api import Progress
 
     objective = Objective.parse(args.objective)
     if args.workers < 1:
@@ -192,8 +201,14 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         live = Live(Text("exact search: starting"), console=console, refresh_per_second=4,
                     transient=True)
         live.start()
+    problem = Problem.of(cluster, model, training, objective=objective, samples=args.samples,
+                         seed=args.seed, constants=constants)
+    options: dict = {"time_limit": args.time_limit}
+    if args.method != "local-search":
+        options.update(workers=args.workers, budget=args.budget,
+                       progress=(lambda p: live.update(line(p))) if live else None)
     try:
-        solution = solve(Problem.of(cluster, model, training, objective=objective, seed=args.seed, samples=args.samples, constants=constants), method=args.method, workers=args.workers, time_limit=args.time_limit, budget=args.budget, progress=(lambda p: live.update(line(p))) if live else None)
+        solution = planning.plan(problem, args.method, **options)
     finally:
         if live is not None:
             live.stop()
@@ -212,13 +227,20 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(solution.to_dict(), allow_nan=True))
         return 0
-    from hetpar.cli.render import render_estimate, render_solution
-    render_estimate(console, solution.estimate, cluster, model.with_seq_len(training.seq_len),
-                    objective.name, solution.value)
-    render_solution(console, solution)
+    _render(console, problem, solution)
     if out is not None:
         console.print(f"plan written to {out} (check it with: hetpar estimate --plan {out} ...)")
     return 0
+
+
+def _render(console: Console, problem, solution) -> None:  # noqa: ANN001 - Problem, Solution
+    """The tables of a found plan and its summary: what plan and solve print."""
+    from hetpar.cli.render import render_estimate, render_solution
+
+    render_estimate(console, solution.estimate, problem.cluster,
+                    problem.model.with_seq_len(problem.training.seq_len),
+                    solution.objective, solution.value)
+    render_solution(console, solution)
 
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
@@ -448,7 +470,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
     pl.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     pl.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
-    pl.add_argument("--compare", choices=("exact", "metis", "megatron", "random"),
+    pl.add_argument("--compare", choices=("exact", "metis", "megatron", "random",
+                                          "local-search"),
                     help="also run this method and print the gap T_policy / T_method - 1")
     pl.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="time limit of the exact search for --compare exact")
@@ -489,7 +512,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                          "policy is 'hetpar plan''s default: one rollout, refinement, "
                          "structure search; also policy-beam: the same from a beam search "
                          "(--beam), policy-greedy: the refined rollout without the structure "
-                         "search ('hetpar plan --no-improve'), policy-raw: the rollout alone)")
+                         "search ('hetpar plan --no-improve'), policy-raw: the rollout alone; "
+                         "and local-search, brute as in 'hetpar solve')")
     ev.add_argument("--beam", type=int, default=None, metavar="W",
                     help="beam width of the 'policy-beam' method (default 4)")
     ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
@@ -502,14 +526,16 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="bandwidth states per instance (default: the policy's)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
     ev.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
+    ev.add_argument("--json", action="store_true",
+                    help="print one JSON object (every row's result fields, as 'hetpar solve "
+                         "--json' prints them) instead of the summary")
     ev.set_defaults(func=_cmd_evaluate)
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpar.costmodel.objective import Objective
 
-    if args.objective is not None:
-        Objective.parse(args.objective)
+    objective = Objective.parse(args.objective) if args.objective is not None else None
     if args.samples is not None and args.samples < 1:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     if args.time_limit is not None and args.time_limit <= 0:
@@ -529,22 +555,23 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(str(out), "", "its folder does not exist")
     cluster, model, training, constants = _load_instance(args)
 
+    from hetpar.agents import planning
     from hetpar.agents.io import load_policy
-    from hetpar.agents.planner import plan_with_policy
+    from hetpar.agents.planner import policy_method, policy_problem
 
     bundle = load_policy(args.policy)
-    result = plan_with_policy(bundle, cluster, model, training, objective=args.objective,
-                              seed=args.seed, samples=args.samples, constants=constants,
-                              source=args.cluster, refine=not args.no_refine,
-                              refine_steps=args.refine_steps, beam=beam,
-                              improve_evaluations=args.improve)
+    # The problem: the policy's training objective and sample count unless given.
+    problem = policy_problem(bundle, cluster, model, training, objective=objective,
+                             samples=args.samples, seed=args.seed, constants=constants)
+    refine = not args.no_refine
+    result = planning.plan(problem, policy_method(beam, refine, args.improve), policy=bundle,
+                           source=args.cluster, refine=refine, refine_steps=args.refine_steps,
+                           beam=beam, improve_evaluations=args.improve)
     other = None
     if args.compare:
-        from hetpar.problem import Problem
-        from hetpar.solvers.api import solve
-
         with console.status(f"running {args.compare} for comparison", spinner="dots"):
-            other = solve(Problem.of(cluster, model, training, objective=result.objective, samples=result.samples, seed=args.seed, constants=constants), method=args.compare, time_limit=args.time_limit)
+            # The same problem: the same states, the cost model's tables shared.
+            other = planning.plan(problem, args.compare, time_limit=args.time_limit)
     if out is not None:
         try:
             result.plan.save(out)
@@ -553,44 +580,13 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     gap = (result.value / other.value - 1.0) if other is not None and other.found else None
     if args.json:
         doc = result.to_dict()
-        doc["instance"] = {"cluster": cluster.name, "model": model.name,
-                           "training": training.name}
         if other is not None:
-            doc["compare"] = {"method": other.method, "value_s": other.value,
-                              "wall_s": other.wall_s, "gap": gap,
-                              "optimal": bool(other.certificate and other.certificate.optimal),
-                              "plan": other.plan.to_dict() if other.plan else None}
+            # The compared method's own result fields, and T_policy / T_method - 1 (its
+            # "gap" is its own bound's, as in every result).
+            doc["compare"] = {**other.to_dict(), "policy_gap": gap}
         print(json.dumps(doc, allow_nan=True))
         return 0
-    from hetpar.cli.render import render_estimate
-    render_estimate(console, result.estimate, cluster, model.with_seq_len(training.seq_len),
-                    result.objective, result.value)
-    searched = (f"; beam {result.beam}, {result.candidates} plans compared"
-                if result.beam > 1 else "")
-    console.print(f"[bold]policy[/]: objective {result.objective} = {result.value:.4f} s over "
-                  f"{result.samples} bandwidth samples (seed {result.seed}); {result.steps} "
-                  f"steps ({result.forced} forced"
-                  f"{searched}"
-                  f") in [bold]{result.inference_s * 1e3:.1f} ms[/] of inference "
-                  f"({result.forward_s * 1e3:.1f} ms forward passes), "
-                  f"{result.setup_s * 1e3:.1f} ms setup; {result.policy}", highlight=False)
-    if not args.no_refine:
-        refined = result.improved_from if args.improve else result.value
-        change = (f"{result.raw_value:.4f} s -> {refined:.4f} s "
-                  f"({refined / result.raw_value - 1:+.1%})"
-                  if refined < result.raw_value else "no better split found")
-        of = "the best structures'" if result.beam > 1 else "the rollout's"
-        console.print(f"[bold]refinement[/] (micro-batches, recompute, layer split of {of} "
-                      f"stages): {change} in {result.refine_s * 1e3:.1f} ms"
-                      f"{'' if result.refine_complete else ' (step budget reached)'}",
-                      highlight=False)
-    if args.improve:
-        change = (f"{result.improved_from:.4f} s -> {result.value:.4f} s "
-                  f"({result.value / result.improved_from - 1:+.1%}, "
-                  f"{result.improve_moves} edits)" if result.improve_moves
-                  else "no better structure found")
-        console.print(f"[bold]structure search[/] ({args.improve} completions at most): "
-                      f"{change} in {result.improve_s * 1e3:.1f} ms", highlight=False)
+    _render(console, problem, result)
     if other is not None:
         if not other.found:
             console.print(f"[bold]{other.method}[/]: no plan found in {other.wall_s:.2f} s")
@@ -598,8 +594,11 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             cert = other.certificate
             how = ("" if cert is None else ", proven optimal" if cert.optimal else
                    f", not proven optimal ({cert.stopped}, bound gap {other.gap:.1%})")
-            speed = other.wall_s / max(result.latency_s, 1e-9)
-            what = ("rollout, refinement and structure search" if result.improve_s else
+            t = result.timings
+            # Time to the plan once the environment exists (setup aside).
+            latency = t["inference"] + t["refine"] + t["improve"]
+            speed = other.wall_s / max(latency, 1e-9)
+            what = ("rollout, refinement and structure search" if t["improve"] else
                     "rollout and refinement")
             pace = (f"{speed:,.0f}x faster" if speed >= 1.5 else
                     f"{1 / speed:,.1f}x slower" if speed < 1 / 1.5 else "as fast")
@@ -676,6 +675,9 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             progress=lambda i, m: bar.update(task, advance=1),
             on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
     paths = write_outputs(result, out)
+    if args.json:
+        print(json.dumps(result.to_dict(), allow_nan=True))
+        return 0
     console.print(result.summary_markdown(), highlight=False, markup=False, soft_wrap=True)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
     return 0

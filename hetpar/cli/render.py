@@ -128,16 +128,34 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
                   f"[bold]{rep.false_infeasible}[/]")
 
 
-# Who found exact's best plan (``Solution.found_by``), in words.
+# Which part of a method found its plan (``Solution.found_by``), in words; a method that
+# has a single part (the baselines, brute) says nothing more.
 _FOUND_BY = {"metis": "the Metis-style seed", "dive": "the dive",
-             "search": "the exhaustive search"}
+             "search": "the exhaustive search", "rollout": "the policy's rollout",
+             "refine": "the refinement", "improve": "the structure search"}
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def render_solution(console: Console, sol: Solution) -> None:
-    found = _FOUND_BY.get(sol.found_by)
-    console.print(f"[bold]{sol.method}[/]: objective {sol.objective} = {sol.value:.4f} s, "
-                  f"{sol.evaluations:,} plans scored in {sol.wall_s:.2f} s"
-                  + (f"; best plan found by {found}" if found else ""))
+    """The summary of any planner's ``Solution`` (``hetpar solve``, ``hetpar plan``): its
+    value and inputs, who found the plan, the time of each part, the exact search's
+    certificate and the policy's search figures, from the fields ``--json`` prints."""
+    inputs = sol.inputs
+    over = (f" over {inputs['samples']} bandwidth samples (seed {inputs['seed']})"
+            if "samples" in inputs else "")
+    # A method whose plan its single part found (metis by metis) says nothing more.
+    found = _FOUND_BY.get(sol.found_by) if sol.found_by != sol.method else None
+    console.print(f"[bold]{sol.method}[/]: objective {sol.objective} = {sol.value:.4f} s"
+                  f"{over}, {sol.evaluations:,} plans scored in {sol.wall_s:.2f} s"
+                  + (f"; best plan found by {found}" if found else ""), highlight=False)
+    parts = {k: v for k, v in sol.timings.items() if k != "forward"}
+    if len(parts) > 1:
+        console.print("time: " + ", ".join(f"{k} {_dur(v)}" for k, v in parts.items()),
+                      highlight=False)
+    _render_policy(console, sol)
     cert = sol.certificate
     if cert is None:
         return
@@ -149,3 +167,34 @@ def render_solution(console: Console, sol: Solution) -> None:
                   f"{cert.pruned_bound:,} by bound, {cert.pruned_memory:,} by memory, "
                   f"{cert.pruned_symmetry:,} by symmetry; space {size} plans, "
                   f"{cert.pruned_fraction:.6%} never evaluated; {cert.workers} worker(s)")
+
+
+def _render_policy(console: Console, sol: Solution) -> None:
+    """The policy planner's figures (``details`` of ``plan_with_policy``), if any."""
+    d, t = sol.details, sol.timings
+    if "policy" not in d:
+        return
+    searched = (f"; beam {d['beam']}, {d['candidates']} plans compared"
+                if d["beam"] > 1 else "")
+    console.print(f"[bold]rollout[/]: {d['steps']} steps ({d['forced']} forced{searched}) in "
+                  f"[bold]{t['inference'] * 1e3:.1f} ms[/] of inference "
+                  f"({t['forward'] * 1e3:.1f} ms forward passes), "
+                  f"{t['setup'] * 1e3:.1f} ms setup; {d['policy']}", highlight=False)
+    if sol.method == "policy-raw":
+        return
+    raw = d["raw_value"]
+    refined = d["improved_from"] if d["improved_from"] is not None else sol.value
+    change = (f"{raw:.4f} s -> {refined:.4f} s ({refined / raw - 1:+.1%})"
+              if refined < raw else "no better split found")
+    of = "the best structures'" if d["beam"] > 1 else "the rollout's"
+    console.print(f"[bold]refinement[/] (micro-batches, recompute, layer split of {of} "
+                  f"stages): {change} in {t['refine'] * 1e3:.1f} ms"
+                  f"{'' if d['refine_complete'] else ' (step budget reached)'}",
+                  highlight=False)
+    if d["improve_evaluations"]:
+        start = d["improved_from"]
+        change = (f"{start:.4f} s -> {sol.value:.4f} s ({sol.value / start - 1:+.1%}, "
+                  f"{d['improve_moves']} edits)" if d["improve_moves"]
+                  else "no better structure found")
+        console.print(f"[bold]structure search[/] ({d['improve_evaluations']} completions "
+                      f"at most): {change} in {t['improve'] * 1e3:.1f} ms", highlight=False)

@@ -17,7 +17,8 @@ from functools import cached_property
 from hetpar.cluster.topology import Host
 from hetpar.costmodel.comm import ring_allreduce_time
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants
-from hetpar.costmodel.memory import attention_score_bytes, layer_activation_bytes
+from hetpar.costmodel.memory import (attention_score_bytes, gpu_usable_bytes,
+                                     layer_activation_bytes)
 from hetpar.workload.model import ModelSpec
 
 __all__ = ["GpuPerf", "StageWork", "gpu_perf", "stage_work"]
@@ -45,7 +46,7 @@ def gpu_perf(host: Host, precision: str, c: CostConstants, fw: FrameworkConstant
         hbm=host.gpu.hbm_GBps * 1e9 * eff.hbm,
         intra_bw=host.intra_GBps * 1e9 * c.intra_efficiency.get(host.intra_kind, 0.6),
         intra_step_s=host.intra_latency_s + fw.step_latency_s,
-        usable_bytes=host.gpu.memory_bytes * (1.0 - fw.fragmentation) - fw.reserve_bytes,
+        usable_bytes=gpu_usable_bytes(host.gpu, fw),
         peak_flops=peak,
     )
 

@@ -21,8 +21,7 @@ from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.comm import colocated_transfers, ring_allreduce_time
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
 from hetpar.costmodel.constants import GIB, CostConstants, load_constants
-from hetpar.costmodel.memory import (in_flight, layer_activation_bytes, logits_bytes,
-                                     stage_params_per_gpu)
+from hetpar.costmodel.memory import in_flight, stage_bytes
 from hetpar.costmodel.objective import Objective, cvar
 from hetpar.costmodel.frame import CoreTerms, PlanFrame, SplitTables, StageFrame
 from hetpar.costmodel.schedule import cycle_transfers, one_f_one_b
@@ -354,18 +353,9 @@ class CostModel:
                      first: bool, last: bool, recompute: str, zero: bool) -> tuple[Any, Any]:
         """``stage_memory`` unmemoised; ``layers`` may be an int or an array of counts
         (elementwise the same arithmetic, so the same values)."""
-        c, fw, model, s = self.constants, self.framework, self.model, self.seq_len
-        flash = self.training.flash_attention
-        params = stage_params_per_gpu(model, layers, tp, first, last)
-        states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
-            dp if zero else 1)
-        act = layers * layer_activation_bytes(model, seqs, s, tp, recompute, flash) * inflight
-        if recompute == "full":
-            # Recomputing a layer materialises its full activations once more.
-            act = act + (layers > 0) * layer_activation_bytes(model, seqs, s, tp, "none", flash)
-        if last:
-            act = act + logits_bytes(model, seqs, s, tp, fw.logits_bytes_per_value)
-        return params, states + act
+        return stage_bytes(self.model, self.seq_len, layers, tp, dp, seqs, inflight, first,
+                           last, recompute, zero, flash=self.training.flash_attention,
+                           constants=self.constants, framework=self.framework)
 
     def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
         """The layer-independent terms of ``plan``'s pipeline structure (memoised): every

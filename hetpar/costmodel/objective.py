@@ -100,6 +100,11 @@ class Objective:
             return math.inf
         return self(np.atleast_1d(np.asarray(samples, dtype=float)))
 
+    def score_rows(self, samples: np.ndarray, feasible: np.ndarray) -> np.ndarray:
+        """``score`` of each row of ``samples`` ((N, K)) with its ``feasible`` flag, at once
+        (scoring a batch of plans)."""
+        return np.where(feasible, self.rows(samples), np.inf)
+
     def __call__(self, samples: np.ndarray) -> float:
         if self.kind == "mean":
             return float(np.mean(samples))

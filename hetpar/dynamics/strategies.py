@@ -1,7 +1,9 @@
 """Planners and re-planning strategies for a training run on a changing network.
 
 Every planner sees one network state (the cluster in force and its bandwidth vector, or
-for ``robust`` a set of sampled states) and returns a plan with the wall time it took.
+for ``robust`` a set of sampled states) as a ``Problem`` (``Planners.problem``) and
+returns a ``Solution`` through ``hetpar.agents.planning.plan``: the plan, its value in
+that state and the wall time it took.
 
 * ``static``: the best plan for the start state (time-limited exact search, planned
   offline before the job starts); keeps it unless it becomes invalid (a host it uses is
@@ -14,6 +16,10 @@ for ``robust`` a set of sampled states) and returns a plan with the wall time it
   ``static``'s), those still valid.
 * ``exact``: the same with the time-limited exact search; the oracle does not pay its
   planning time, ``exact-rt`` (realistic) pays it as stall.
+
+The time-limited exact search is ``solve(..., certify=False)``: a hard deadline, the
+Metis-style seed, no ranking of subtrees and no lower-bound bisection (those can run
+minutes past the limit on 16-GPU clusters, and a re-planner must decide in time).
 
 The simulator (``simulator.py``) decides whether to switch to the candidate: only when the
 expected gain over the look-ahead window exceeds the migration cost, or when the current
@@ -31,27 +37,27 @@ from typing import Any
 
 import numpy as np
 
+from hetpar.agents import planning
 from hetpar.cluster.bandwidth import Constant
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.dynamics.scenario import NetworkState
-from hetpar.errors import HetparError, PlanError
+from hetpar.errors import HetparError, InfeasibleError, PlanError
 from hetpar.plan import Plan, validate_plan
+from hetpar.problem import Problem, Solution
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
 __all__ = [
     "STRATEGIES",
     "Decision",
-    "PlanResult",
     "Planners",
     "PolicyUnavailable",
     "REPLAN_BEAM",
     "REPLAN_BUDGET_S",
     "REPLAN_REFINE_STEPS",
     "Strategy",
-    "bounded_exact",
     "cluster_at",
     "make_strategy",
 ]
@@ -72,49 +78,9 @@ class PolicyUnavailable(Exception):
     """No trained policy could be loaded (the ``policy`` strategy is skipped)."""
 
 
-@dataclass(frozen=True)
-class PlanResult:
-    plan: Plan | None
-    value: float  # objective value (s) the planner saw; inf when nothing fits
-    wall_s: float  # planning wall time (first computation when cached)
-    optimal: bool = False
-    method: str = ""
-
-
-def bounded_exact(cm: CostModel, objective: Objective, time_limit: float) -> PlanResult:
-    """Time-limited exact search that stops at the deadline.
-
-    ``solve(method="exact", time_limit=...)`` also ranks its root tasks and, when stopped,
-    bisects a lower bound, which can take minutes past the limit on 16-GPU clusters; a
-    re-planner needs a hard limit, so this runs the same branch and bound (seeded by the
-    Metis-style heuristic) without those two steps and without a certificate."""
-    from hetpar.solvers.baselines import metis
-    from hetpar.solvers.exact import (
-        LocalIncumbent,
-        SearchProblem,
-        make_bounds,
-        root_tasks,
-        search_subtree,
-    )
-    from hetpar.problem.space import PlanSpace
-
-    start = time.perf_counter()
-    space = PlanSpace(cm.cluster, cm.model, cm.training)
-    seed = metis(cm, space, objective)
-    best_v, best_p = (seed.value, seed.plan) if seed.found else (math.inf, None)
-    problem = SearchProblem(cm, space, objective, time.time() + time_limit, best_v)
-    incumbent = LocalIncumbent(best_v)
-    bounds = make_bounds(problem)
-    finished = True
-    for task in root_tasks(problem, depth=1):
-        if time.time() > problem.deadline:
-            finished = False
-            break
-        res = search_subtree(problem, task, incumbent, bounds)
-        finished = finished and res.finished
-        if res.plan is not None and res.value < best_v:
-            best_v, best_p = res.value, res.plan
-    return PlanResult(best_p, best_v, time.perf_counter() - start, finished, "exact")
+def _no_plan(method: str, objective: Objective, wall_s: float = 0.0) -> Solution:
+    """A planner's answer where nothing fits (or no cluster is left)."""
+    return Solution(method, objective.name, None, None, math.inf, wall_s)
 
 
 def cluster_at(cluster: Cluster, bandwidth: np.ndarray) -> Cluster:
@@ -139,9 +105,11 @@ class Planners:
     decision_budget_s: float | None = REPLAN_BUDGET_S  # of a policy decision (None: none)
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
-    _cms: dict[str, CostModel] = field(default_factory=dict)
+    # Per topology, the problem whose cost model every state of it shares (its
+    # bandwidth-free tables: work, memory, flows).
+    _problems: dict[str, Problem] = field(default_factory=dict)
     _scores: dict[tuple, float] = field(default_factory=dict)
-    _plans: dict[tuple, PlanResult] = field(default_factory=dict)
+    _plans: dict[tuple, Solution] = field(default_factory=dict)
     _bundle: Any = None
     _plan_cache: Any = None  # the policy planner's environments per topology (PlanCache)
     _bundle_error: str = ""
@@ -149,14 +117,22 @@ class Planners:
     exact_latencies: list[float] = field(default_factory=list)
 
     # -- scoring -----------------------------------------------------------------------
-    def cost_model(self, state: NetworkState) -> CostModel:
+    def problem(self, state: NetworkState, bandwidth: np.ndarray | None = None,
+                objective: str = "mean") -> Problem:
+        """The planning problem of ``state``: its cluster under its bandwidth (or under
+        the (K, links) states ``bandwidth``), scored by ``objective``."""
         assert state.cluster is not None
-        cm = self._cms.get(state.topology)
-        if cm is None:
-            cm = CostModel(state.cluster, self.model, self.training,
-                           bandwidth=state.bandwidth[None, :])
-            self._cms[state.topology] = cm
-        return cm.with_bandwidth(state.bandwidth[None, :])
+        base = self._problems.get(state.topology)
+        if base is None:
+            base = Problem.of(state.cluster, self.model, self.training, samples=1
+                              ).with_bandwidth(state.bandwidth[None, :])
+            _ = base.cost_model  # built once per topology: the states' problems share it
+            self._problems[state.topology] = base
+        out = base.with_bandwidth(state.bandwidth[None, :] if bandwidth is None else bandwidth)
+        return out if objective == "mean" else out.with_objective(objective)
+
+    def cost_model(self, state: NetworkState) -> CostModel:
+        return self.problem(state).cost_model
 
     def valid(self, plan: Plan | None, state: NetworkState) -> bool:
         if plan is None or state.cluster is None:
@@ -179,28 +155,36 @@ class Planners:
         return hit
 
     # -- planners ----------------------------------------------------------------------
-    def exact(self, state: NetworkState) -> PlanResult:
+    def _bounded_exact(self, problem: Problem) -> Solution:
+        """The exact search under a hard deadline (``certify=False``); no plan when
+        nothing fits."""
+        start = time.perf_counter()
+        try:
+            return planning.plan(problem, "exact", time_limit=self.time_limit_s,
+                                 certify=False)
+        except InfeasibleError:
+            return _no_plan("exact", problem.objective, time.perf_counter() - start)
+
+    def exact(self, state: NetworkState) -> Solution:
         if state.cluster is None:
-            return PlanResult(None, math.inf, 0.0, True, "exact")
+            return _no_plan("exact", Objective("mean"))
         key = ("exact", state.key)
         hit = self._plans.get(key)
         if hit is None:
-            hit = bounded_exact(self.cost_model(state), Objective.parse("mean"),
-                                self.time_limit_s)
+            hit = self._bounded_exact(self.problem(state))
             self._plans[key] = hit
             self.exact_latencies.append(hit.wall_s)
         return hit
 
-    def robust(self, state: NetworkState, states: np.ndarray) -> PlanResult:
+    def robust(self, state: NetworkState, states: np.ndarray) -> Solution:
         """CVaR-optimal plan for ``state``'s topology over sampled bandwidth ``states``
         ((K, links of state.cluster))."""
         if state.cluster is None:
-            return PlanResult(None, math.inf, 0.0, True, "robust")
+            return _no_plan("robust", Objective.parse(self.robust_objective))
         key = ("robust", state.topology, np.round(states, 6).tobytes())
         hit = self._plans.get(key)
         if hit is None:
-            cm = self.cost_model(state).with_bandwidth(states)
-            hit = bounded_exact(cm, Objective.parse(self.robust_objective), self.time_limit_s)
+            hit = self._bounded_exact(self.problem(state, states, self.robust_objective))
             self._plans[key] = hit
         return hit
 
@@ -224,16 +208,17 @@ class Planners:
         self.policy(state, record=False)
 
     def policy(self, state: NetworkState, incumbent: float = math.inf, *,
-               record: bool = True) -> PlanResult:
+               record: bool = True) -> Solution:
         """The policy's plan for ``state``; ``incumbent``: the value in ``state`` of the
-        best plan the caller already holds, which the refinement then has to beat."""
+        best plan the caller already holds, which the refinement then has to beat. The
+        result's method is ``policy`` (the timeline's name of this planner)."""
+        mean = Objective("mean")
         if state.cluster is None:
-            return PlanResult(None, math.inf, 0.0, True, "policy")
+            return _no_plan("policy", mean)
         key = ("policy", state.key, incumbent)
         hit = self._plans.get(key)
         if hit is None:
-            from hetpar.agents.planner import REFINE_CANDIDATES, plan_with_policy
-            from hetpar.agents.planner import PlanCache
+            from hetpar.agents.planner import REFINE_CANDIDATES, PlanCache
             bundle = self.bundle()
             if self._plan_cache is None:
                 self._plan_cache = PlanCache()
@@ -245,23 +230,27 @@ class Planners:
             gc.disable()
             start = time.perf_counter()
             try:
-                pp = plan_with_policy(bundle, cluster_at(state.cluster, state.bandwidth),
-                                      self.model, self.training, objective="mean", samples=1,
-                                      beam=self.beam or REPLAN_BEAM,
-                                      refine_steps=self.refine_steps or REPLAN_REFINE_STEPS,
-                                      refine_candidates=REFINE_CANDIDATES
-                                      if self.refine_candidates is None
-                                      else self.refine_candidates,
-                                      cache=self._plan_cache, incumbent=incumbent,
-                                      budget_s=self.decision_budget_s)
-                plan, value = pp.plan, pp.value
+                # The environment sees every link constant at the state's bandwidth (one
+                # state: nothing to sample), and the plan is scored in that state.
+                problem = Problem.of(cluster_at(state.cluster, state.bandwidth), self.model,
+                                     self.training, objective=mean, samples=1)
+                sol: Solution | None = planning.plan(
+                    problem, "policy-greedy", policy=bundle, beam=self.beam or REPLAN_BEAM,
+                    refine=True, improve_evaluations=0,
+                    refine_steps=self.refine_steps or REPLAN_REFINE_STEPS,
+                    refine_candidates=REFINE_CANDIDATES if self.refine_candidates is None
+                    else self.refine_candidates,
+                    cache=self._plan_cache, incumbent=incumbent,
+                    budget_s=self.decision_budget_s)
             except HetparError:
-                plan, value = None, math.inf  # e.g. more hosts than the policy handles
+                sol = None  # e.g. more hosts than the policy handles
             finally:
                 wall = time.perf_counter() - start
                 if collecting:
                     gc.enable()
-            hit = PlanResult(plan, value, wall, False, "policy")
+            # The decision's latency is the whole call, as the simulator charges it.
+            hit = (_no_plan("policy", mean, wall) if sol is None else
+                   dataclasses.replace(sol, method="policy", wall_s=wall))
             if record:
                 self._plans[key] = hit
                 self.policy_latencies.append(wall)
@@ -291,7 +280,7 @@ class Strategy:
         self.robust_states = robust_states
         self.base_links = base_links
 
-    def plan_for(self, state: NetworkState) -> PlanResult:
+    def plan_for(self, state: NetworkState) -> Solution:
         return self.p.exact(state)
 
     def initial(self, state: NetworkState) -> Decision:
@@ -309,11 +298,11 @@ class Strategy:
         return Decision(res.plan, res.wall_s, 0.0, res.method)
 
 
-    def robust_plan(self, state: NetworkState) -> PlanResult:
+    def robust_plan(self, state: NetworkState) -> Solution:
         """The CVaR-optimal plan for ``state``'s topology over the sampled bandwidth."""
         assert self.robust_states is not None
         if state.cluster is None:
-            return PlanResult(None, math.inf, 0.0)
+            return _no_plan("", Objective.parse(self.p.robust_objective))
         from hetpar.dynamics.traces import link_name
         cols = [self.base_links.index(link_name(lk)) for lk in state.cluster.links]
         return self.p.robust(state, self.robust_states[:, cols])
@@ -322,7 +311,7 @@ class Strategy:
 class Robust(Strategy):
     name = "robust"
 
-    def plan_for(self, state: NetworkState) -> PlanResult:
+    def plan_for(self, state: NetworkState) -> Solution:
         return self.robust_plan(state)
 
 

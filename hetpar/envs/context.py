@@ -9,28 +9,45 @@ from typing import Any
 
 import numpy as np
 
-
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel
 from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
 from hetpar.envs.feasibility import Completions, HostClasses
-from hetpar.problem.instance import Instance
 from hetpar.errors import InfeasibleError
+from hetpar.problem.instance import Instance
+from hetpar.problem.problem import Problem
 from hetpar.problem.space import PlanSpace
 
-__all__ = ["InstanceContext"]
+__all__ = ["InstanceContext", "bandwidth_seed"]
+
+
+def bandwidth_seed(instance: Instance) -> int:
+    """The seed of an instance's bandwidth states in the environment: the instance's own
+    ``seed`` (the suite generator draws it from ``SeedSequence([suite seed, i])``), or 0
+    for an instance made without one (``seed == -1``, such as a user's cluster file).
+
+    Tied to the instance rather than to a user's seed, the robust mode's states are a
+    property of the instance: every episode, process and training run scores a plan of it
+    under the same states, so its rewards compare across a run. They are not the states
+    of ``Problem.from_instance(instance, seed=...)`` that the solvers and ``hetpar
+    evaluate`` score under; ``plan_with_policy`` reports both (``env_value``, ``value``)."""
+    return instance.seed if instance.seed >= 0 else 0
 
 
 @dataclass
 class InstanceContext:
     """Cost model, plan space, feasibility oracles and static features of one instance.
 
-    ``cm`` scores plans under ``samples`` bandwidth states drawn with the instance's seed
-    (the robust mode's fixed set); the sampled mode swaps in one fresh draw per episode
-    with ``CostModel.with_bandwidth``, sharing the memo tables.
+    ``problem`` is the instance's ``Problem`` under ``samples`` bandwidth states drawn with
+    ``bandwidth_seed(instance)`` (the robust mode's fixed set; each link's mean when
+    ``samples`` is 0); ``cm`` and ``space`` are its cost model and plan space, kept at hand.
+    The sampled mode swaps in one fresh draw per episode with ``CostModel.with_bandwidth``,
+    sharing the memo tables. The problem's objective is not used here: the environment
+    scores with its own.
     """
 
     instance: Instance
+    problem: Problem
     cm: CostModel
     space: PlanSpace
     classes: HostClasses
@@ -50,10 +67,9 @@ class InstanceContext:
     def build(cls, instance: Instance, *, samples: int, constants: CostConstants | None,
               max_micro: int, witness: bool = True) -> InstanceContext:
         cluster, training = instance.cluster, instance.training
-        seed = instance.seed if instance.seed >= 0 else 0
-        cm = CostModel(cluster, instance.model, training, constants=constants,
-                       samples=samples, seed=seed)
-        space = PlanSpace(cluster, cm.model, training)
+        problem = Problem.from_instance(instance, samples=samples,
+                                        seed=bandwidth_seed(instance), constants=constants)
+        cm, space = problem.cost_model, problem.space
         classes = HostClasses.of(cm)
         batch = training.global_batch
         micro = tuple(m for m in range(1, batch + 1) if batch % m == 0)[:max_micro]
@@ -62,7 +78,8 @@ class InstanceContext:
         if peak <= 0:
             raise InfeasibleError(f"instance {instance.name}: no GPU supports "
                                   f"{training.precision} training")
-        return cls(instance, cm, space, classes, micro, cm.model_flops_per_iter / peak,
+        return cls(instance, problem, cm, space, classes, micro,
+                   cm.model_flops_per_iter / peak,
                    np.array([h.num_gpus for h in cluster.hosts], dtype=np.float32),
                    np.array(classes.of_host, dtype=np.int64), witness=witness,
                    samples=samples)
@@ -74,9 +91,9 @@ class InstanceContext:
         Memory feasibility does not depend on bandwidth, so the completion oracles,
         capacity tables and memoised action masks are shared with this context; the cost
         model is this one's under ``instance``'s bandwidth states (drawn as ``build``
-        draws them), sharing its bandwidth-free work, memory and flow tables. A
-        re-planner asks for a plan at every bandwidth change of one cluster: this is what
-        it keeps between those calls."""
+        draws them, by ``Problem.with_cluster``), sharing its bandwidth-free work, memory
+        and flow tables. A re-planner asks for a plan at every bandwidth change of one
+        cluster: this is what it keeps between those calls."""
         cluster = instance.cluster
         if cluster.topology_key != self.cluster.topology_key:
             raise ValueError(f"cluster {cluster.name!r} differs from {self.cluster.name!r} "
@@ -84,10 +101,10 @@ class InstanceContext:
         if instance.model != self.instance.model or \
                 instance.training != self.instance.training:
             raise ValueError("rebind keeps the model and training spec")
-        seed = instance.seed if instance.seed >= 0 else 0
-        bandwidth = cluster.bandwidth_states(self.samples, seed)
-        return dataclasses.replace(self, instance=instance,
-                                   cm=self.cm.with_bandwidth(bandwidth))
+        problem = self.problem.with_cluster(cluster, seed=bandwidth_seed(instance),
+                                            name=instance.name)
+        return dataclasses.replace(self, instance=instance, problem=problem,
+                                   cm=problem.cost_model)
 
     @property
     def full_free(self) -> tuple[int, ...]:

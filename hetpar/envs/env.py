@@ -1,6 +1,6 @@
 """``hetpar/PlanBuilder-v0``: build a hybrid-parallel training plan step by step.
 
-An episode builds one plan of the searched plan space (DESIGN.md section 4) for one
+An episode builds one plan of the searched plan space (docs/solvers.md) for one
 instance (cluster with stochastic bandwidth, model, training) drawn from a topology suite.
 
 **Actions** (one flat ``Discrete``, layout in ``ActionLayout``; use ``action_masks()``):
@@ -21,11 +21,11 @@ completed, so every episode ends with a feasible plan, and every feasible plan o
 space (with at most ``max_hosts`` hosts, ``max_layers`` per stage and a micro-batch
 count among the first ``max_micro`` divisors) is reachable: ``actions_for(plan)``.
 
-**Observation** (``Dict`` of ``Box`` in [0, 1], see ``observation.py``): ``hosts``
-(max_hosts x host features: GPU figures, free GPUs, the partial plan), ``host_mask``
-(1 for real hosts), ``pairs`` (max_hosts x max_hosts x route bandwidth mean, its
-variability, this episode's draw, latency) and ``globals`` (phase, choices so far,
-layers left, the open stage, model and training figures).
+**Observation** (``Dict`` of ``Box`` in [0, 1]; the columns are named and scaled in
+``types.py``): ``hosts`` (max_hosts x host features: GPU figures, free GPUs, the partial
+plan), ``host_mask`` (1 for real hosts), ``pairs`` (max_hosts x max_hosts x route
+bandwidth mean, its variability, this episode's draw, latency) and ``globals`` (phase,
+choices so far, layers left, the open stage, model and training figures).
 
 **Bandwidth modes**: ``sampled`` draws every link once per episode from its bandwidth
 model, shows the draw next to the distribution, and scores the plan under that draw;
@@ -42,6 +42,11 @@ across clusters and models) and ranks plans of one instance exactly as ``T`` doe
 An action that the mask forbids (as environment checkers send) leaves the state
 unchanged, gives ``invalid_action_reward`` and ``info["invalid_action"] = True``; after
 ``max_invalid_actions`` of them in one episode the episode is truncated.
+
+**Beyond Gymnasium** two things are public: ``state``, a frozen copy of the episode
+(``types.State``, what the viewer draws), and the planner's interface, ``search.SearchEnv``
+(masks asked one action at a time, ``snapshot``/``restore`` for branching, ``retarget``
+and ``actions_for``).
 """
 
 from __future__ import annotations
@@ -62,7 +67,10 @@ from hetpar.envs.context import InstanceContext, log_scale
 from hetpar.envs.feasibility import bits_upto
 from hetpar.envs.observation import (observation_space, pair_features,
                                      static_globals, static_host_features)
+from hetpar.envs.search import Snapshot
 from hetpar.envs.sources import InstanceSource, as_source
+from hetpar.envs.types import PHASES, GlobalFeature, HostFeature, State
+from hetpar.envs.viewer import RENDERERS
 from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError, InfeasibleError, PlanError
 from hetpar.plan import Plan
@@ -70,7 +78,14 @@ from hetpar.problem.space import StageChoice
 
 __all__ = ["PlanBuilderEnv"]
 
-_MEMORY, _MICRO, _TP, _BLOCKS, _DONE = range(5)
+_MEMORY, _MICRO, _TP, _BLOCKS, _DONE = range(5)  # indices of PHASES
+H, G = HostFeature, GlobalFeature
+# The phase's one-hot column; the final observation (done) keeps the block phase's, as the
+# shipped policy was trained with (it never acts on that observation).
+_PHASE_COLUMN = (G.PHASE_MEMORY, G.PHASE_MICRO_BATCHES, G.PHASE_TP, G.PHASE_BLOCKS,
+                 G.PHASE_BLOCKS)
+_RECOMPUTE_COLUMN = {"none": G.RECOMPUTE_NONE, "selective": G.RECOMPUTE_SELECTIVE,
+                     "full": G.RECOMPUTE_FULL}
 _MASK_MEMO = 50_000  # masks memoised per instance before the memo starts afresh
 
 
@@ -180,23 +195,6 @@ class PlanBuilderEnv(gym.Env):
                                static_globals(ctx, self.max_hosts, self.layout.max_layers,
                                               self.bandwidth_mode == "robust"))
 
-    def retarget(self, instance: Instance) -> PlanBuilderEnv:
-        """A one-instance environment like this one for ``instance``: the cluster of this
-        one-instance environment's instance under other link bandwidth (what a
-        re-planner asks for at every bandwidth change). It shares this environment's
-        memory-feasibility tables and action masks (``InstanceContext.rebind``) and
-        rebuilds the observation's bandwidth features; this environment is unchanged."""
-        if self.source.count != 1:
-            raise ValueError("retarget needs an environment of a single instance")
-        other = copy.copy(self)
-        other.source = as_source([instance])
-        other._cache = OrderedDict()
-        other._static, other._routes = {}, {}
-        other._ep, other._infeasible = None, set()
-        other._mask_cache, other._allowed = None, {}
-        other._install(0, self._context(0).rebind(instance))
-        return other
-
     def _draw_index(self) -> int:
         """A random instance index; a generated instance that admits no plan (the
         generators guarantee none does) is skipped and counted rather than ending a
@@ -221,19 +219,6 @@ class PlanBuilderEnv(gym.Env):
             raise ConfigError(inst.name, "model.layers",
                               f"{inst.model.layers} layers exceed max_layers="
                               f"{self.layout.max_layers}")
-
-    @property
-    def instance(self) -> Instance:
-        """The instance of the current episode."""
-        if self._ep is None:
-            raise RuntimeError("call reset() first")
-        return self._ep.ctx.instance
-
-    @property
-    def context(self) -> InstanceContext:
-        if self._ep is None:
-            raise RuntimeError("call reset() first")
-        return self._ep.ctx
 
     # ---- gymnasium API -------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None,
@@ -328,44 +313,13 @@ class PlanBuilderEnv(gym.Env):
         assert plan is not None
         times, feasible = ep.cm.iteration_times(plan)
         times = np.atleast_1d(np.asarray(times, dtype=float))
-        value = self.objective(times) if feasible else float("inf")
+        value = self.objective.score(times, feasible)
         reward = ep.ctx.ideal_s / value if feasible else 0.0
         info = {"plan": plan, "objective_s": value, "iter_time_mean_s": float(times.mean()),
                 "feasible": bool(feasible), "instance": ep.ctx.instance.name,
                 "objective": self.objective.name, "reward": reward}
         return self._observation(), float(reward), True, False, info
 
-    # ---- search over episodes -----------------------------------------------------------
-    def snapshot(self) -> _Episode:
-        """An independent copy of the episode so far, for ``restore``: planners that
-        search over action sequences (beam search) branch from it without re-playing.
-        Opaque: only ``restore`` of the same environment reads it."""
-        ep = self._ep
-        if ep is None:
-            raise RuntimeError("call reset() first")
-        return _copy_episode(ep)
-
-    def restore(self, state: _Episode, *, observe: bool = True) -> dict[str, np.ndarray] | None:
-        """Continue from a ``snapshot`` of an episode of this environment's current
-        instance; returns its observation (None with ``observe=False``, for a caller that
-        kept it). The snapshot itself stays unchanged."""
-        ep = self._ep
-        if ep is None or state.ctx is not ep.ctx:
-            raise RuntimeError("restore() takes a snapshot of the current instance's episode")
-        self._ep = _copy_episode(state)
-        self._mask_cache, self._allowed = None, {}
-        return self._observation() if observe else None
-
-    def state_key(self) -> tuple:
-        """A hashable key of the episode state: equal keys have equal futures (the same
-        stages, free GPUs and open stage, whatever order the blocks were added in)."""
-        ep = self._ep
-        if ep is None:
-            raise RuntimeError("call reset() first")
-        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
-                tuple(ep.built), ep.open_tp, tuple(sorted(ep.open_blocks.items())))
-
-    # ---- masks -------------------------------------------------------------------------
     def action_masks(self) -> np.ndarray:
         """Boolean mask of the actions after which a feasible plan can still be built."""
         if self._mask_cache is not None:
@@ -406,12 +360,56 @@ class PlanBuilderEnv(gym.Env):
         self._mask_cache = mask
         return mask
 
-    def _mask_key(self) -> tuple:
+    def render(self) -> str | np.ndarray | None:
+        """The episode so far in ``render_mode``: text (``ansi``) or a picture of the
+        cluster (``rgb_array``); drawn by ``viewer.py`` from ``state`` alone."""
+        if self.render_mode is None or self._ep is None:
+            return None
+        return RENDERERS[self.render_mode](self.state)
+
+    # ---- public read-only state --------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """A frozen copy of the episode so far (``types.State``): what a viewer, a logger
+        or a test reads. Planners branch with ``snapshot``/``restore`` instead."""
         ep = self._ep
-        assert ep is not None
-        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
-                min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
-                ep.open_dp)
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        return State(ep.ctx.instance, PHASES[ep.phase], ep.recompute, ep.zero,
+                     ep.micro_batches, tuple(ep.built), ep.open_tp,
+                     tuple(sorted(ep.open_blocks.items())), tuple(ep.free), ep.layers_left)
+
+    @property
+    def instance(self) -> Instance:
+        """The instance of the current episode."""
+        if self._ep is None:
+            raise RuntimeError("call reset() first")
+        return self._ep.ctx.instance
+
+    @property
+    def context(self) -> InstanceContext:
+        """The current instance's precomputed tables (cost model, plan space, feasibility
+        oracles): internals, for tests and diagnostics, which may change."""
+        if self._ep is None:
+            raise RuntimeError("call reset() first")
+        return self._ep.ctx
+
+    def phase_name(self) -> str:
+        """``state.phase`` without the copy ("memory" before the first reset)."""
+        ep = self._ep
+        return PHASES[ep.phase if ep else 0]
+
+    def current_plan(self) -> Plan | None:
+        """The finished plan (None while stages are missing)."""
+        ep = self._ep
+        if ep is None or ep.layers_left or not ep.built:
+            return None
+        stages = [st for st, _ in reversed(ep.built)]
+        layers = [k for _, k in reversed(ep.built)]
+        return ep.ctx.space.to_plan(stages, layers, ep.micro_batches, ep.recompute, ep.zero)
+
+    # ---- the planner's interface (search.SearchEnv) ------------------------------------
+    # What a planner may call besides reset/step/action_masks; keep in step with search.py.
 
     def known_masks(self) -> np.ndarray | None:
         """The action mask of the current state if it is already known (computed for this
@@ -486,6 +484,84 @@ class PlanBuilderEnv(gym.Env):
                 return action
         raise RuntimeError("no action is allowed in this state")
 
+    def snapshot(self) -> Snapshot:
+        """An independent copy of the episode so far, for ``restore``: planners that
+        search over action sequences (beam search) branch from it without re-playing.
+        Opaque: only ``restore`` of the same environment reads it."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        return _copy_episode(ep)
+
+    def restore(self, state: Snapshot, *, observe: bool = True,
+                ) -> dict[str, np.ndarray] | None:
+        """Continue from a ``snapshot`` of an episode of this environment's current
+        instance; returns its observation (None with ``observe=False``, for a caller that
+        kept it). The snapshot itself stays unchanged."""
+        ep = self._ep
+        if ep is None or not isinstance(state, _Episode) or state.ctx is not ep.ctx:
+            raise RuntimeError("restore() takes a snapshot of the current instance's episode")
+        self._ep = _copy_episode(state)
+        self._mask_cache, self._allowed = None, {}
+        return self._observation() if observe else None
+
+    def state_key(self) -> tuple:
+        """A hashable key of the episode state: equal keys have equal futures (the same
+        stages, free GPUs and open stage, whatever order the blocks were added in)."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
+                tuple(ep.built), ep.open_tp, tuple(sorted(ep.open_blocks.items())))
+
+    def retarget(self, instance: Instance) -> PlanBuilderEnv:
+        """A one-instance environment like this one for ``instance``: the cluster of this
+        one-instance environment's instance under other link bandwidth (what a
+        re-planner asks for at every bandwidth change). It shares this environment's
+        memory-feasibility tables and action masks (``InstanceContext.rebind``) and
+        rebuilds the observation's bandwidth features; this environment is unchanged."""
+        if self.source.count != 1:
+            raise ValueError("retarget needs an environment of a single instance")
+        other = copy.copy(self)
+        other.source = as_source([instance])
+        other._cache = OrderedDict()
+        other._static, other._routes = {}, {}
+        other._ep, other._infeasible = None, set()
+        other._mask_cache, other._allowed = None, {}
+        other._install(0, self._context(0).rebind(instance))
+        return other
+
+    def actions_for(self, plan: Plan) -> list[int]:
+        """The action sequence that builds ``plan`` on the current episode's instance.
+
+        Raises PlanError if the plan is outside the space this environment can build."""
+        ep = self._ep
+        if ep is None:
+            raise RuntimeError("call reset() first")
+        ctx, lay = ep.ctx, self.layout
+        stages, layers = ctx.space.decompose(plan)
+        if plan.micro_batches not in ctx.micro_options:
+            raise PlanError("<plan>", "micro_batches", f"{plan.micro_batches} is not among "
+                                                       f"the first {lay.max_micro} divisors")
+        out = [lay.memory(plan.recompute, plan.zero),
+               lay.micro(ctx.micro_options.index(plan.micro_batches))]
+        for st, k in zip(reversed(stages), reversed(layers)):
+            if st.tp > 2 ** lay.max_tp_log2 or k > lay.max_layers:
+                raise PlanError("<plan>", "stages", "tp or layers exceed the action layout")
+            out.append(lay.tp(st.tp))
+            for h, b in zip(st.hosts, st.blocks):
+                out.extend([lay.host(h)] * b)
+            out.append(lay.layers(k))
+        return out
+
+    # ---- masks -------------------------------------------------------------------------
+    def _mask_key(self) -> tuple:
+        ep = self._ep
+        assert ep is not None
+        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
+                min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
+                ep.open_dp)
+
     def _tp_allowed(self, tp: int) -> bool:
         return bool(self._host_options(tp, first_only=True).any())
 
@@ -556,16 +632,16 @@ class PlanBuilderEnv(gym.Env):
         hosts = self._hosts0.copy()
         cap = ep.ctx.gpus_per_host
         free = np.asarray(ep.free, dtype=np.float32)
-        hosts[:n, 8] = free / cap
-        hosts[:n, 9] = ep.open_use / cap
-        hosts[:n, 10] = (cap - free - ep.open_use) / cap
+        hosts[:n, H.FREE_FRACTION] = free / cap
+        hosts[:n, H.OPEN_STAGE_FRACTION] = ep.open_use / cap
+        hosts[:n, H.CLOSED_STAGES_FRACTION] = (cap - free - ep.open_use) / cap
         if ep.phase == _BLOCKS:
             start = self.layout.start("host")
-            hosts[:n, 11] = self.action_masks()[start:start + n]
-        hosts[:n, 12] = ep.layer_gpus / (ep.ctx.cm.model.layers * cap)
-        hosts[:n, 13] = ep.previous / cap
+            hosts[:n, H.CAN_ADD_BLOCK] = self.action_masks()[start:start + n]
+        hosts[:n, H.LAYERS_PER_GPU] = ep.layer_gpus / (ep.ctx.cm.model.layers * cap)
+        hosts[:n, H.PREVIOUS_STAGE_FRACTION] = ep.previous / cap
         if ep.open_cls >= 0:
-            hosts[:n, 14] = ep.ctx.class_of_host == ep.open_cls
+            hosts[:n, H.SAME_TYPE_AS_OPEN_STAGE] = ep.ctx.class_of_host == ep.open_cls
         # Fresh arrays every call: callers may keep or modify what they are given.
         return {"hosts": hosts, "host_mask": self._host_mask.copy(), "pairs": ep.pairs.copy(),
                 "globals": self._globals()}
@@ -574,75 +650,30 @@ class PlanBuilderEnv(gym.Env):
         ep = self._ep
         assert ep is not None
         g = self._globals0.copy()
-        g[min(ep.phase, _BLOCKS)] = 1.0
+        g[_PHASE_COLUMN[ep.phase]] = 1.0
         if ep.recompute:
-            g[4 + RECOMPUTE_MODES.index(ep.recompute)] = 1.0
-            g[7] = ep.zero
+            g[_RECOMPUTE_COLUMN[ep.recompute]] = 1.0
+            g[G.ZERO] = ep.zero
         if ep.micro_batches:
-            g[8] = log_scale(ep.micro_batches, 1.0, 4096.0)
-            g[9] = log_scale(ep.ctx.instance.training.global_batch / ep.micro_batches, 1.0,
-                             4096.0)
+            g[G.MICRO_BATCHES] = log_scale(ep.micro_batches, 1.0, 4096.0)
+            g[G.MICRO_BATCH_SEQUENCES] = log_scale(
+                ep.ctx.instance.training.global_batch / ep.micro_batches, 1.0, 4096.0)
         layers = ep.ctx.cm.model.layers
-        g[10] = ep.layers_left / layers
-        g[11] = min(len(ep.built) / 32.0, 1.0)
+        g[G.LAYERS_LEFT] = ep.layers_left / layers
+        g[G.STAGES_BUILT] = min(len(ep.built) / 32.0, 1.0)
         if ep.open_tp:
-            g[12] = (ep.open_tp.bit_length() - 1) / max(self.layout.max_tp_log2, 1)
+            g[G.OPEN_TP] = (ep.open_tp.bit_length() - 1) / max(self.layout.max_tp_log2, 1)
             dp = ep.open_dp
-            g[13] = min(dp / 64.0, 1.0)
+            g[G.OPEN_DP] = min(dp / 64.0, 1.0)
             if dp:
                 oracle = self._oracle()
                 j = len(ep.built)
-                g[14] = oracle.capacity(ep.open_cls, ep.open_tp, dp, j, False) / layers
-                g[15] = oracle.capacity(ep.open_cls, ep.open_tp, dp, j, True) / layers
-                g[16] = float(oracle.mb % dp == 0)
+                g[G.OPEN_CAPACITY] = oracle.capacity(ep.open_cls, ep.open_tp, dp, j,
+                                                     False) / layers
+                g[G.OPEN_CAPACITY_FIRST] = oracle.capacity(ep.open_cls, ep.open_tp, dp, j,
+                                                           True) / layers
+                g[G.OPEN_CLOSABLE] = float(oracle.mb % dp == 0)
         return g
-
-    # ---- plans -------------------------------------------------------------------------
-    def current_plan(self) -> Plan | None:
-        """The finished plan (None while stages are missing)."""
-        ep = self._ep
-        if ep is None or ep.layers_left or not ep.built:
-            return None
-        stages = [st for st, _ in reversed(ep.built)]
-        layers = [k for _, k in reversed(ep.built)]
-        return ep.ctx.space.to_plan(stages, layers, ep.micro_batches, ep.recompute, ep.zero)
-
-    def actions_for(self, plan: Plan) -> list[int]:
-        """The action sequence that builds ``plan`` on the current episode's instance.
-
-        Raises PlanError if the plan is outside the space this environment can build."""
-        ep = self._ep
-        if ep is None:
-            raise RuntimeError("call reset() first")
-        ctx, lay = ep.ctx, self.layout
-        stages, layers = ctx.space.decompose(plan)
-        if plan.micro_batches not in ctx.micro_options:
-            raise PlanError("<plan>", "micro_batches", f"{plan.micro_batches} is not among "
-                                                       f"the first {lay.max_micro} divisors")
-        out = [lay.memory(plan.recompute, plan.zero),
-               lay.micro(ctx.micro_options.index(plan.micro_batches))]
-        for st, k in zip(reversed(stages), reversed(layers)):
-            if st.tp > 2 ** lay.max_tp_log2 or k > lay.max_layers:
-                raise PlanError("<plan>", "stages", "tp or layers exceed the action layout")
-            out.append(lay.tp(st.tp))
-            for h, b in zip(st.hosts, st.blocks):
-                out.extend([lay.host(h)] * b)
-            out.append(lay.layers(k))
-        return out
-
-    # ---- rendering ---------------------------------------------------------------------
-    def render(self) -> str | np.ndarray | None:
-        if self.render_mode is None or self._ep is None:
-            return None
-        from hetpar.envs import viewer
-        if self.render_mode == "ansi":
-            return viewer.render_text(self)
-        return viewer.render_rgb(self)
-
-    def phase_name(self) -> str:
-        ep = self._ep
-        return ("memory", "micro_batches", "tp", "blocks", "done")[ep.phase if ep else 0]
-
 
 def _copy_episode(ep: _Episode) -> _Episode:
     # What steps mutate in place is copied; the instance context and pair features are

@@ -1,44 +1,46 @@
-"""Rendering of ``PlanBuilder-v0``: the plan so far as text, or the cluster as a picture."""
+"""Rendering of ``PlanBuilder-v0``: the plan so far as text, or the cluster as a picture.
+
+The viewer reads the episode's public, frozen ``types.State`` and nothing of the
+environment itself (an import-linter contract in pyproject.toml keeps it so):
+``PlanBuilderEnv.render`` hands it ``env.state``.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from hetpar.envs.env import PlanBuilderEnv
+from hetpar.envs.types import State
 
-__all__ = ["render_text", "render_rgb"]
+__all__ = ["RENDERERS", "render_text", "render_rgb"]
 
 
-def render_text(env: PlanBuilderEnv) -> str:
-    ep = env._ep
-    assert ep is not None
-    ctx = ep.ctx
-    inst = ctx.instance
-    hosts = ctx.cluster.hosts
-    lines = [f"instance {inst.name}: {ctx.cluster.num_gpus} GPUs on {len(hosts)} hosts, "
-             f"model {ctx.cm.model.name} ({ctx.cm.model.layers} layers), "
+def render_text(state: State) -> str:
+    inst = state.instance
+    cluster, model = inst.cluster, inst.model
+    hosts = cluster.hosts
+    lines = [f"instance {inst.name}: {cluster.num_gpus} GPUs on {len(hosts)} hosts, "
+             f"model {model.name} ({model.layers} layers), "
              f"batch {inst.training.global_batch}",
-             f"phase {env.phase_name()}; layers left {ep.layers_left}"]
-    if ep.recompute:
-        lines.append(f"recompute {ep.recompute}, zero {ep.zero}" +
-                     (f", {ep.micro_batches} micro-batches" if ep.micro_batches else ""))
-    n = len(ep.built)
-    for idx, (st, k) in enumerate(ep.built):
+             f"phase {state.phase}; layers left {state.layers_left}"]
+    if state.recompute:
+        lines.append(f"recompute {state.recompute}, zero {state.zero}" +
+                     (f", {state.micro_batches} micro-batches" if state.micro_batches else ""))
+    n = len(state.built)
+    for idx, (st, k) in enumerate(state.built):
         where = ", ".join(f"{hosts[h].name}x{b}" for h, b in zip(st.hosts, st.blocks))
         lines.append(f"  stage -{idx + 1} (pipeline stage {n - idx} counted from the end): "
                      f"{st.gpu_type} tp={st.tp} dp={st.dp} layers={k} on {where}")
-    if ep.open_tp:
-        where = ", ".join(f"{hosts[h].name}x{b}" for h, b in sorted(ep.open_blocks.items()))
-        lines.append(f"  open stage: tp={ep.open_tp} dp={ep.open_dp} on {where or '-'}")
-    free = " ".join(f"{h.name}:{f}/{h.num_gpus}" for h, f in zip(hosts, ep.free))
+    if state.open_tp:
+        where = ", ".join(f"{hosts[h].name}x{b}" for h, b in state.open_blocks)
+        lines.append(f"  open stage: tp={state.open_tp} dp={state.open_dp} on {where or '-'}")
+    free = " ".join(f"{h.name}:{f}/{h.num_gpus}" for h, f in zip(hosts, state.free))
     lines.append(f"free GPUs: {free}")
     return "\n".join(lines) + "\n"
 
 
-def render_rgb(env: PlanBuilderEnv, size: tuple[int, int] = (640, 480)) -> np.ndarray:
+def render_rgb(state: State, size: tuple[int, int] = (640, 480)) -> np.ndarray:
     """Hosts coloured by the stage they serve (grey: unused), links by mean bandwidth."""
     import matplotlib
     matplotlib.use("Agg", force=False)
@@ -46,16 +48,14 @@ def render_rgb(env: PlanBuilderEnv, size: tuple[int, int] = (640, 480)) -> np.nd
     import networkx as nx
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    ep = env._ep
-    assert ep is not None
-    cluster = ep.ctx.cluster
+    cluster = state.instance.cluster
     graph = cluster.graph
     pos = nx.spring_layout(graph, seed=0)  # fixed seed: the same picture every frame
     stage_of: dict[str, int] = {}
-    for idx, (st, _) in enumerate(ep.built):
+    for idx, (st, _) in enumerate(state.built):
         for h in st.hosts:
             stage_of.setdefault(cluster.hosts[h].name, idx)
-    open_hosts = {cluster.hosts[h].name for h in ep.open_blocks}
+    open_hosts = {cluster.hosts[h].name for h, _ in state.open_blocks}
     cmap = plt.get_cmap("tab10")
     colours = []
     for node in graph.nodes:
@@ -76,8 +76,8 @@ def render_rgb(env: PlanBuilderEnv, size: tuple[int, int] = (640, 480)) -> np.nd
     canvas = FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_axis_off()
-    ax.set_title(f"{ep.ctx.instance.name}: {len(ep.built)} stage(s) built, "
-                 f"{ep.layers_left} layers left", fontsize=9)
+    ax.set_title(f"{state.instance.name}: {len(state.built)} stage(s) built, "
+                 f"{state.layers_left} layers left", fontsize=9)
     nx.draw_networkx_edges(graph, pos, ax=ax, width=widths, edge_color=edge_vals,
                            edge_cmap=plt.get_cmap("viridis"))
     nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=colours, edgecolors="black",
@@ -87,3 +87,8 @@ def render_rgb(env: PlanBuilderEnv, size: tuple[int, int] = (640, 480)) -> np.nd
     img = np.asarray(canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
     return img
+
+
+# The frame of each of the environment's render modes.
+RENDERERS: dict[str, Callable[[State], str | np.ndarray]] = {"ansi": render_text,
+                                                             "rgb_array": render_rgb}

@@ -10,9 +10,9 @@
 
 from hetpar.costmodel.objective import Objective
 from hetpar.problem.instance import Instance
-from hetpar.problem.problem import DEFAULT_SAMPLES, POLICY_SAMPLES, Problem
+from hetpar.problem.problem import DEFAULT_SAMPLES, DEFAULT_SEED, POLICY_SAMPLES, Problem
 from hetpar.problem.solution import Certificate, Solution
 from hetpar.problem.space import PlanSpace, StageChoice, SymmetryCheck
 
-__all__ = ["Certificate", "DEFAULT_SAMPLES", "Instance", "Objective", "POLICY_SAMPLES",
-           "PlanSpace", "Problem", "Solution", "StageChoice", "SymmetryCheck"]
+__all__ = ["Certificate", "DEFAULT_SAMPLES", "DEFAULT_SEED", "Instance", "Objective",
+           "POLICY_SAMPLES", "PlanSpace", "Problem", "Solution", "StageChoice", "SymmetryCheck"]

@@ -34,7 +34,7 @@ import numpy as np
 from hetpar.cluster.gpu import GpuType, load_gpu_catalog
 from hetpar.configio import Reader, list_bundled, load_document, resolve_config
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants, load_constants
-from hetpar.costmodel.memory import layer_activation_bytes, logits_bytes, stage_params_per_gpu
+from hetpar.costmodel.memory import gpu_usable_bytes, stage_bytes
 from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError
 from hetpar.workload.model import ModelSpec, parse_model
@@ -346,40 +346,63 @@ def parse_suite_spec(data: Any, source: str = "<dict>", base_dir: Path | None = 
 
 @dataclass(frozen=True)
 class _FitModel:
-    """Per-GPU memory of a one-replica stage, as the cost model counts it, in closed form."""
+    """Per-GPU memory of a one-replica stage by the cost model's own formula
+    (``hetpar.costmodel.memory.stage_bytes``, what ``CostModel.stage_memory`` gives)."""
 
     model: ModelSpec
     batch: int
     recompute: str
     flash: bool
-    weight_bytes: float
-    grad_bytes: float
-    optimizer_bytes: float
-    logits_bytes_per_value: float
+    constants: CostConstants
+    framework: FrameworkConstants
+    # max_layers per (tp, usable, first, last, inflight): a suite has few of them.
+    _fits: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, model: ModelSpec, training: TrainingSpec, constants: CostConstants,
            ) -> _FitModel:
-        fw = constants.framework(training.framework)
         modes = training.recompute_modes
         lightest = next(m for m in ("full", "selective", "none") if m in modes)
         return cls(model.with_seq_len(training.seq_len), training.global_batch, lightest,
-                   training.flash_attention, constants.weight_bytes, constants.grad_bytes,
-                   fw.optimizer_bytes, fw.logits_bytes_per_value)
+                   training.flash_attention, constants,
+                   constants.framework(training.framework))
+
+    def used(self, layers: int, tp: int, first: bool, last: bool, inflight: int) -> float:
+        """Peak bytes per GPU of a stage of ``layers`` layers on ``tp`` GPUs, one replica,
+        one sequence per micro-batch, ``inflight`` micro-batches held at once."""
+        return stage_bytes(self.model, self.model.seq_len, layers, tp, 1, 1.0, inflight,
+                           first, last, self.recompute, False, flash=self.flash,
+                           constants=self.constants, framework=self.framework)[1]
 
     def max_layers(self, tp: int, usable: float, first: bool, last: bool, inflight: int) -> int:
         """The most layers a stage of ``tp`` GPUs (one replica, one sequence per micro-batch)
         holds within ``usable`` bytes per GPU (0 when not even one)."""
-        m, s = self.model, self.model.seq_len
-        state = self.weight_bytes + self.grad_bytes + self.optimizer_bytes
-        act = layer_activation_bytes(m, 1, s, tp, self.recompute, self.flash)
-        per_layer = m.params_per_layer / tp * state + act * inflight
-        fixed = (stage_params_per_gpu(m, 0, tp, first, last) * state
-                 + (logits_bytes(m, 1, s, tp, self.logits_bytes_per_value) if last else 0.0))
-        if self.recompute == "full":
-            fixed += layer_activation_bytes(m, 1, s, tp, "none", self.flash)
-        room = usable * _FIT_MARGIN - fixed
-        return max(0, min(m.layers, int(room // per_layer))) if room > 0 else 0
+        key = (tp, usable, first, last, inflight)
+        hit = self._fits.get(key)
+        if hit is None:
+            hit = self._fits[key] = self._max_layers(*key)
+        return hit
+
+    def _max_layers(self, tp: int, usable: float, first: bool, last: bool,
+                    inflight: int) -> int:
+        budget = usable * _FIT_MARGIN
+
+        def fits(layers: int) -> bool:
+            return self.used(layers, tp, first, last, inflight) <= budget
+
+        one = self.used(1, tp, first, last, inflight)
+        if one > budget:
+            return 0
+        # Every layer adds the same bytes: a guess from one and two layers, then steps to
+        # the formula's own answer (the guess's rounding may be one off).
+        per_layer = self.used(2, tp, first, last, inflight) - one
+        top = self.model.layers
+        n = max(1, min(top, 1 + int((budget - one) // per_layer)))
+        while n > 1 and not fits(n):
+            n -= 1
+        while n < top and fits(n + 1):
+            n += 1
+        return n
 
 
 def _tp_for(gpus: int, heads: int) -> int:
@@ -432,7 +455,7 @@ def feasible_plan(instance: Instance, constants: CostConstants | None = None):
     cluster, training = instance.cluster, instance.training
     fit = _FitModel.of(instance.model, training, constants)
     fw = constants.framework(training.framework)
-    usable = [_usable_bytes(h.gpu, fw) if _supports(h.gpu, training.precision) else 0.0
+    usable = [gpu_usable_bytes(h.gpu, fw) if _supports(h.gpu, training.precision) else 0.0
               for h in cluster.hosts]
     stages = _pipeline_fit(fit, [(u, h.num_gpus) for u, h in zip(usable, cluster.hosts)])
     if stages is None:
@@ -440,10 +463,6 @@ def feasible_plan(instance: Instance, constants: CostConstants | None = None):
     out = tuple(Stage(n, tp, (Replica(cluster.hosts[h].name, tuple(range(tp))),))
                 for h, tp, n in stages)
     return Plan(out, training.global_batch, fit.recompute, training.zero_stages[0])
-
-
-def _usable_bytes(gpu: GpuType, fw: FrameworkConstants) -> float:
-    return gpu.memory_bytes * (1.0 - fw.fragmentation) - fw.reserve_bytes
 
 
 def _supports(gpu: GpuType, precision: str) -> bool:
@@ -488,7 +507,7 @@ class _Generator:
                                   recompute_modes=t.recompute, zero_stages=t.zero,
                                   flash_attention=t.flash_attention) for b in t.global_batch]
         fw = constants.framework(trainings[0].framework)
-        self.usable = [_usable_bytes(g, fw) for g in self.gpus]
+        self.usable = [gpu_usable_bytes(g, fw) for g in self.gpus]
         for m, doc in enumerate(spec.model_docs):
             model = parse_model(doc)
             for b, training in enumerate(trainings):

@@ -32,13 +32,19 @@ from hetpar.problem.space import PlanSpace
 from hetpar.workload.model import ModelSpec
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["DEFAULT_SAMPLES", "POLICY_SAMPLES", "Problem"]
+__all__ = ["DEFAULT_SAMPLES", "DEFAULT_SEED", "POLICY_SAMPLES", "Problem"]
 
 # Bandwidth states a plan is scored under when the user does not say (CLI, solve).
 DEFAULT_SAMPLES = 32
 # Bandwidth states of the environment's robust objective and of a policy whose metadata
 # does not say (training configs, policy files, ``hetpar evaluate`` with a policy).
 POLICY_SAMPLES = 16
+# Seed of the bandwidth draws when the user gives none: ``hetpar solve``/``plan``/
+# ``evaluate --seed`` default to it, and the training's evaluation references and expert
+# plans always use it (``callbacks.reference_values``, ``imitation.expert_plans``), so a
+# training run's gaps are measured on the states ``hetpar evaluate`` scores by default,
+# whatever the run's own ``seed`` (which seeds PPO and the environments only).
+DEFAULT_SEED = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,14 +61,15 @@ class Problem:
     training: TrainingSpec
     objective: Objective = field(default_factory=lambda: Objective("mean"))
     samples: int = DEFAULT_SAMPLES
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     constants: CostConstants | None = None
     name: str = ""
     bandwidth: np.ndarray | None = None  # explicit (K, links) states in Gb/s; overrides draws
 
     @classmethod
     def of(cls, cluster: Cluster, model: ModelSpec, training: TrainingSpec, *,
-           objective: Objective | str = "mean", samples: int = DEFAULT_SAMPLES, seed: int = 0,
+           objective: Objective | str = "mean", samples: int = DEFAULT_SAMPLES,
+           seed: int = DEFAULT_SEED,
            constants: CostConstants | None = None, name: str = "") -> Problem:
         obj = objective if isinstance(objective, Objective) else Objective.parse(objective)
         return cls(cluster, model, training, obj, samples, seed, constants,
@@ -70,7 +77,7 @@ class Problem:
 
     @classmethod
     def from_instance(cls, instance: Instance, *, objective: Objective | str = "mean",
-                      samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                      samples: int = DEFAULT_SAMPLES, seed: int = DEFAULT_SEED,
                       constants: CostConstants | None = None) -> Problem:
         """The problem of a suite instance, scored under draws of ``seed`` (the user's
         seed, the same for every instance and method: gaps compare like with like)."""
@@ -95,11 +102,30 @@ class Problem:
     def with_bandwidth(self, bandwidth: np.ndarray) -> Problem:
         """The same problem under explicit bandwidth states (a network state of the
         dynamics simulator); the cost model shares this one's bandwidth-free tables."""
-        other = replace(self, bandwidth=np.atleast_2d(np.asarray(bandwidth, dtype=float)))
+        states = np.atleast_2d(np.asarray(bandwidth, dtype=float))
+        other = replace(self, bandwidth=states, samples=states.shape[0])
         if "cost_model" in self.__dict__:
             other.__dict__["cost_model"] = self.cost_model.with_bandwidth(other.bandwidth)
         if "space" in self.__dict__:
             other.__dict__["space"] = self.space
+        return other
+
+    def with_cluster(self, cluster: Cluster, *, seed: int | None = None,
+                     name: str = "") -> Problem:
+        """This problem on ``cluster``, a cluster of the same topology (hosts, links,
+        routes) under other link bandwidth models (a re-planner's next network state),
+        scored under ``samples`` draws of ``seed`` (this one's when None) from its links.
+        The cost model shares this one's bandwidth-free tables; the plan space is made
+        afresh (its host symmetries depend on the links' bandwidth models)."""
+        if cluster.topology_key != self.cluster.topology_key:
+            raise ValueError(f"cluster {cluster.name!r} differs from {self.cluster.name!r} "
+                             f"in more than link bandwidth")
+        other = replace(self, cluster=cluster, seed=self.seed if seed is None else seed,
+                        name=name or self.name, bandwidth=None)
+        if "cost_model" in self.__dict__:
+            # The draws cost_model would make, under this one's bandwidth-free tables.
+            other.__dict__["cost_model"] = self.cost_model.with_bandwidth(
+                cluster.bandwidth_states(other.samples, other.seed))
         return other
 
     def with_objective(self, objective: Objective | str) -> Problem:
@@ -125,7 +151,9 @@ class Problem:
         """The inputs every result names (JSON-ready)."""
         return {"cluster": self.cluster.name, "model": self.model.name,
                 "training": self.training.name, "objective": self.objective.name,
-                "samples": self.samples, "seed": self.seed}
+                "samples": self.samples,
+                # Explicit states (a network state of the dynamics) are drawn by no seed.
+                "seed": self.seed if self.bandwidth is None else None}
 
     def check_fits_somewhere(self) -> None:
         """Refuse at once a problem whose model fits on no plan at all (InfeasibleError)."""

@@ -1,4 +1,4 @@
-"""The searched plan space (DESIGN.md section 4), shared by solvers and the environment.
+"""The searched plan space (docs/solvers.md), shared by solvers and the environment.
 
 A plan of the space is a sequence of stages, each described by a ``StageChoice``: one
 GPU type, a tensor-parallel degree ``tp`` (a power of two dividing the GPU count of every

@@ -28,6 +28,7 @@ from hetpar.solvers.exact import (
     prefix_lower_bound,
     root_lower_bound,
     root_tasks,
+    search_subtree,
     split_task,
 )
 from hetpar.problem import Certificate, Problem, Solution
@@ -52,18 +53,28 @@ class Progress:
 def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
           time_limit: float | None = None, budget: int = 200, rng_seed: int | None = None,
           progress: Callable[[Progress], None] | None = None,
-          executor: SearchExecutor | None = None) -> Solution:
+          executor: SearchExecutor | None = None, certify: bool = True) -> Solution:
     """Find a plan of ``problem`` with ``method``.
 
     ``exact`` proves optimality over the plan space (``time_limit`` makes it anytime);
     ``brute`` enumerates the space (tiny instances only); ``megatron``, ``metis`` and
     ``random`` (``budget`` plans drawn with ``rng_seed``, the problem's seed by default)
     are the baselines. Raises InfeasibleError when no plan of the space fits.
+
+    ``certify=False`` (exact only) makes ``time_limit`` a hard deadline for a caller that
+    must decide in time (the re-planner): the same branch and bound seeded by the
+    Metis-style plan alone, in this process, its subtrees in their natural order (no
+    dive, no ranking) and, when stopped, no lower-bound bisection (the certificate's
+    bound is then the compute floor). Those steps can run minutes past the limit on
+    16-GPU clusters.
     """
     if method not in METHODS:
         raise ConfigError("", "method", f"unknown method {method!r} (known: {', '.join(METHODS)})")
     if workers < 1:
         raise ConfigError("", "workers", f"must be at least 1, got {workers}")
+    if not certify and (method != "exact" or workers != 1 or executor is not None):
+        raise ConfigError("", "certify", "certify=False is an option of the exact search "
+                                         "in this process (method exact, one worker)")
     start = time.perf_counter()
     problem.check_fits_somewhere()
     cm, space, obj = problem.cost_model, problem.space, problem.objective
@@ -78,7 +89,7 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
             kwargs["budget"] = budget
         sol = fn(cm, space, obj, **kwargs)
     else:
-        sol = _exact(cm, space, obj, workers, time_limit, progress, executor)
+        sol = _exact(cm, space, obj, workers, time_limit, progress, executor, certify)
     # wall_s counts the problem's setup (cost model, space, the fit check) too.
     return replace(sol, found_by=sol.found_by or (method if sol.found else ""),
                    inputs=problem.describe(), wall_s=time.perf_counter() - start,
@@ -105,14 +116,15 @@ def _compute_floor(cm: CostModel) -> float:
 
 def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
            time_limit: float | None, progress: Callable[[Progress], None] | None,
-           executor: SearchExecutor | None) -> Solution:
+           executor: SearchExecutor | None, certify: bool = True) -> Solution:
     with few_collections():
-        return _exact_search(cm, space, obj, workers, time_limit, progress, executor)
+        return _exact_search(cm, space, obj, workers, time_limit, progress, executor,
+                             certify)
 
 
 def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   time_limit: float | None, progress: Callable[[Progress], None] | None,
-                  executor: SearchExecutor | None) -> Solution:
+                  executor: SearchExecutor | None, certify: bool = True) -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
     # A good first incumbent prunes from the first node on: the Metis-style heuristic's
@@ -137,6 +149,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         return Solution("exact", obj.name, seed.plan if seed.found else None, seed.estimate,
                         seed_value, wall, evaluations=0, certificate=cert,
                         found_by="metis" if seed.found else "")
+    if not certify:
+        return _deadline_search(cm, space, obj, time_limit)
     # A dive over a few deep-pipeline structures with a local search over them (0.5 s on
     # amp-het-16): an incumbent near the optimum before the exhaustive search prunes far
     # more than the heuristic's plan; a tenth of the time limit at most, from its start.
@@ -272,3 +286,48 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     est = cm.evaluate(plan) if plan is not None else None
     return Solution("exact", obj.name, plan, est, value, wall, evaluations=counters.leaves,
                     certificate=cert, found_by=found_by if plan is not None else "")
+
+
+def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
+                     time_limit: float | None) -> Solution:
+    """``solve(certify=False)``: the exact search under a hard deadline (see ``solve``).
+
+    The re-planner's plans must not change with this driver's other modes, so this is
+    the search it has always run: the Metis-style seed, then the first-stage subtrees in
+    ``root_tasks`` order, none started once the deadline has passed."""
+    from hetpar.solvers.baselines import metis
+
+    start = time.perf_counter()
+    seed = metis(cm, space, obj)
+    best_v, best_p = (seed.value, seed.plan) if seed.found else (math.inf, None)
+    found_by = "metis" if seed.found else ""
+    # The deadline counts from after the seed, as it always has for the re-planner.
+    deadline = time.time() + time_limit if time_limit else math.inf
+    problem = SearchProblem(cm, space, obj, deadline, best_v)
+    incumbent = LocalIncumbent(best_v)
+    bounds = make_bounds(problem)
+    counters = Counters()
+    finished = True
+    for task in root_tasks(problem, depth=1):
+        if time.time() > problem.deadline:
+            finished = False
+            break
+        res = search_subtree(problem, task, incumbent, bounds)
+        counters.add(res.counters)
+        finished = finished and res.finished
+        if res.plan is not None and res.value < best_v:
+            best_v, best_p, found_by = res.value, res.plan, "search"
+    wall = time.perf_counter() - start
+    if best_p is None and finished:
+        raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
+    # Without the bisection the only bound of an unfinished search is the compute floor.
+    lb = best_v if finished else min(_compute_floor(cm), best_v)
+    cert = Certificate(optimal=finished and math.isfinite(best_v), lower_bound=lb,
+                       nodes=counters.nodes, leaves=counters.leaves,
+                       pruned_bound=counters.pruned_bound, pruned_memory=counters.pruned_memory,
+                       pruned_symmetry=counters.pruned_symmetry, wall_s=wall, workers=1,
+                       stopped="" if finished else "time limit")
+    est = cm.evaluate(best_p) if best_p is not None else None
+    return Solution("exact", obj.name, best_p, est, best_v, wall,
+                    evaluations=counters.leaves, certificate=cert,
+                    found_by=found_by if best_p is not None else "")

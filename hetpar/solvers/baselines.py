@@ -1,8 +1,8 @@
-"""Baselines that users would otherwise pick (DESIGN.md section 6): Megatron, Metis, random.
+"""Baselines that users would otherwise pick (docs/solvers.md): Megatron, Metis, random.
 
 Every baseline has the signature ``f(cm, space, objective, *, seed=0, budget=...)`` and
 returns a ``Solution``. Candidates are scored with ``CostModel.iteration_times`` (a
-candidate counts only if it fits in memory; its value is ``objective(times)``); the winner
+candidate counts only if it fits in memory; its value is ``Objective.score``); the winner
 is evaluated once more with ``CostModel.evaluate`` for its full estimate. ``evaluations``
 counts every cost-model call, that last one included. A baseline that finds no plan that
 fits returns ``plan=None`` and ``value=inf`` (``Solution.found`` is then False).
@@ -123,10 +123,9 @@ class _Search:
         return self.budget is not None and self.evaluations >= self.budget
 
     def _record(self, plan: Plan, times: np.ndarray, fits: bool) -> float:
-        if not fits:
-            return math.inf
-        self.feasible += 1
-        value = self.objective(times)
+        value = self.objective.score(times, fits)
+        if fits:
+            self.feasible += 1
         if value < self.best_value:
             self.best_value = value
             self.best_plan = plan

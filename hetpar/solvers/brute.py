@@ -53,12 +53,10 @@ def brute(cm: CostModel, space: PlanSpace, objective: Objective) -> Solution:
                 for rc in space.recompute_modes:
                     for zero in space.zero_stages:
                         plan = space.to_plan(stages, split, m, rc, zero)
-                        times, fits = cm.iteration_times(plan)
+                        value = objective.score(*cm.iteration_times(plan))
                         leaves += 1
-                        if fits:
-                            value = objective(times)
-                            if value < best_value:
-                                best_value, best = value, plan
+                        if value < best_value:
+                            best_value, best = value, plan
     wall = time.perf_counter() - start
     cert = Certificate(optimal=True, lower_bound=best_value, nodes=leaves, leaves=leaves,
                        space_size=leaves, space_size_exact=True, wall_s=wall)

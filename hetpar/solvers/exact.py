@@ -41,11 +41,12 @@ from hetpar.costmodel.frame import PlanFrame, SplitTables
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds, StageProfile
+from hetpar.solvers.climb import best_move, climb
 from hetpar.problem.space import PlanSpace, StageChoice, SymmetryCheck
 
-__all__ = ["SearchProblem", "TaskResult", "SEEDS", "SearchExecutor", "InlineExecutor", "Incumbent",
-           "search_subtree", "best_split", "root_tasks", "split_task", "Task",
-           "estimate_space_size", "few_collections",
+__all__ = ["BudgetSearcher", "SearchProblem", "TaskResult", "SEEDS", "SearchExecutor",
+           "InlineExecutor", "Incumbent", "search_subtree", "best_split", "root_tasks",
+           "split_task", "Task", "estimate_space_size", "few_collections",
            "prefix_lower_bound", "root_lower_bound", "make_bounds", "dive_structures", "dive"]
 
 
@@ -258,6 +259,31 @@ class Searcher:
                 best_split(self, stages, profiles, m, rc)
 
 
+@dataclass
+class BudgetSearcher(Searcher):
+    """A searcher that also stops after ``max_steps`` clock checks (one per search node),
+    once ``max_evaluations`` completions are scored (an enumerated block of splits counts
+    each), or once ``stop()`` says so. Budgets of steps and completions, unlike a time
+    limit, give the same answer on every machine: the dive closes each structure within
+    a step budget, the refinement and the structure local search (``refine.py``,
+    ``local_search.py``) complete structures within both."""
+
+    max_steps: int | None = None
+    max_evaluations: int | None = None
+    stop: Callable[[], bool] | None = None
+    steps: int = 0
+
+    def _check_time(self) -> None:
+        self.steps += 1
+        if self.max_steps is not None and self.steps > self.max_steps:
+            raise _Stop
+        if self.max_evaluations is not None and self.counters.leaves >= self.max_evaluations:
+            raise _Stop
+        if self.stop is not None and self.stop():
+            raise _Stop
+        super()._check_time()
+
+
 class _SuffixFill:
     """``min over real n_i >= 1 with sum_i n_i = total of max_i (a_i n_i + g_i)`` for
     every suffix ``i >= j`` of the stages, in O(1) per query.
@@ -307,7 +333,7 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
             frame = cm.frame(plan)
         core = cm.core_split(frame, split)
         s.counters.leaves += 1
-        value = objective(core.total) if core.feasible else math.inf
+        value = objective.score(core.total, core.feasible)
         if value < s.best_value:
             s.offer(value, plan or space.to_plan(stages, split, m, rc, s.zero))
         return value, core.boundary
@@ -520,7 +546,7 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
     for lo in range(0, len(splits), _SCORE_CHUNK):
         chunk = splits[lo:lo + _SCORE_CHUNK]
         totals, fits = cm.score_splits(frame, tables, chunk)
-        values[lo:lo + len(chunk)] = np.where(fits, objective.rows(totals), np.inf)
+        values[lo:lo + len(chunk)] = objective.score_rows(totals, fits)
     s.counters.leaves += len(splits)
     best = int(np.argmin(values))
     if values[best] < s.best_value:
@@ -765,45 +791,33 @@ def dive_structures(space: PlanSpace) -> list[tuple[StageChoice, ...]]:
     return out
 
 
-@dataclass
-class _StepSearcher(Searcher):
-    """A searcher that also stops after ``max_steps`` clock checks (search nodes), or
-    once ``stop()`` says so."""
-
-    max_steps: int = 0
-    steps: int = 0
-    stop: Callable[[], bool] | None = None
-
-    def _check_time(self) -> None:
-        self.steps += 1
-        if self.steps > self.max_steps or (self.stop is not None and self.stop()):
-            raise _Stop
-        super()._check_time()
-
-
 def dive(problem: SearchProblem, until: float, incumbent: float | Incumbent = math.inf,
          steps: int = 400, stop: Callable[[], bool] | None = None,
          ) -> tuple[float, Plan | None]:
     """The best plan of ``dive_structures`` found before ``until`` (``time.time()``), each
     structure closed under every micro-batch count and recompute mode by the exact layer
     split search cut to ``steps`` search nodes (its first split, in proportion to stage
-    speed, is always scored). A first incumbent near the optimum prunes far more than a
-    heuristic's plan; the search stays exact whatever the dive finds. ``incumbent``: a
+    speed, is always scored), then a hill climb (``climb.climb``) from the best structure:
+    split one stage into two on the same hosts (half the TP degree, or half the replicas)
+    or merge two neighbours on one host into one of twice the TP degree, or swap two
+    neighbours on the same hosts. A first incumbent near the optimum prunes far more than
+    a heuristic's plan; the search stays exact whatever the dive finds. ``incumbent``: a
     value to beat, or a shared incumbent that the dive reads and offers each plan to.
     ``stop``: ends the dive at once when it returns True (the search it seeds is over)."""
     shared = LocalIncumbent(incumbent) if isinstance(incumbent, float | int) else incumbent
-    s = _StepSearcher(replace(problem, deadline=min(problem.deadline, until)), shared,
-                      stop=stop)
+    s = BudgetSearcher(replace(problem, deadline=min(problem.deadline, until)), shared,
+                       max_steps=steps, stop=stop)
     layers = problem.space.model.layers
 
-    def score(stages: tuple[StageChoice, ...]) -> float:
+    def score(stages: tuple[StageChoice, ...], _bar: float) -> tuple[float, None]:
         """Best value found for the structure (inf if none); raises _Stop past until, or
-        once stopped."""
+        once stopped. The bar is the searcher's own (the shared incumbent, which every
+        plan found is offered to), so ``_bar`` adds nothing."""
         before = (s.best_value, s.best_plan)
         s.best_value, s.best_plan = math.inf, None
         try:
             for combo in s.combos(st.dp for st in stages):
-                s.steps, s.max_steps = 0, steps
+                s.steps = 0  # a step budget per combination: one cannot starve the others
                 try:
                     s.close(stages, [combo])
                 except _Stop:
@@ -813,27 +827,16 @@ def dive(problem: SearchProblem, until: float, incumbent: float | Incumbent = ma
             value = s.best_value
             if value >= before[0]:
                 s.best_value, s.best_plan = before
-        return value
+        return value, None
 
-    best: tuple[StageChoice, ...] | None = None
+    def moves(stages: tuple[StageChoice, ...]) -> list[tuple[StageChoice, ...]]:
+        return _split_moves(stages, layers) + _merge_moves(problem.space, stages)
+
     try:
-        value_best = math.inf
-        for stages in sorted(dive_structures(problem.space), key=len):
-            value = score(stages)
-            if value < value_best:
-                best, value_best = stages, value
-        # Hill climbing from the best structure: split one stage into two on the same
-        # hosts (half the TP degree, or half the replicas) or merge two neighbours on one
-        # host into one of twice the TP degree; take the best move while one improves.
-        while best is not None:
-            step_best, step_value = None, value_best
-            for nb in _split_moves(best, layers) + _merge_moves(problem.space, best):
-                value = score(nb)
-                if value < step_value:
-                    step_best, step_value = nb, value
-            if step_best is None:
-                break
-            best, value_best = step_best, step_value
+        # The shallowest structures first: they are the cheapest to close.
+        found = best_move(sorted(dive_structures(problem.space), key=len), score, math.inf)
+        if found is not None:
+            climb(found[0], found[1], None, moves, score)
     except _Stop:
         pass
     return s.best_value, s.best_plan
@@ -885,8 +888,8 @@ def make_bounds(problem: SearchProblem) -> Bounds:
     return Bounds(problem.cm, problem.space, problem.objective, max(problem.space.zero_stages))
 
 
-def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...], incumbent: Incumbent,
-                   bounds: Bounds | None = None,
+def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],
+                   incumbent: Incumbent, bounds: Bounds | None = None,
                    stop: Callable[[], bool] | None = None) -> TaskResult:
     """Search one task (a bare prefix means every plan that starts with it). ``stop``: a
     seed task's dive ends early when it returns True (every subtree is done)."""

@@ -16,6 +16,7 @@ pipeline (``coarsenings``: runs of ..., 4, 2 consecutive stages merged), or star
 from a site's GPUs (``site_seeds``: one wide stage, or one stage per host, over one GPU
 type within one of ``host_groups``, the clusters of hosts joined by fast routes).
 No structure is completed twice (targets only fall, so one that failed stays beaten).
+The climb itself (``climb.climb``) is the one the exact search's warm-start dive uses.
 
 The budget is a count of scored completions (deterministic: the same plan on every
 machine; an enumerated block of layer splits counts each split) and optionally seconds.
@@ -37,6 +38,7 @@ from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
+from hetpar.solvers.climb import climb
 from hetpar.solvers.exact import SearchProblem, make_bounds
 from hetpar.solvers.refine import complete_structure, refine_plan
 from hetpar.problem.space import PlanSpace, StageChoice
@@ -338,7 +340,7 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     first = refine_plan(cm, space, objective, plan, max_steps=neighbour_steps,
                         time_limit=time_limit, beat=beat, bounds=bounds)
     best_plan, best = first.plan, first.value
-    steps, used, neighbours, moves = first.steps, first.evaluations, 0, 0
+    steps, used, neighbours = first.steps, first.evaluations, 0
     current, _ = space.decompose(best_plan)
 
     def spent() -> bool:
@@ -348,55 +350,35 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     # beat it now (targets only fall), so none is completed twice.
     tried: set[Structure] = {current}
 
-    def scan(around: Structure, candidates: Iterator[Structure] | None = None,
-             ) -> tuple[Plan, float, Structure] | None:
-        """The best neighbour of ``around`` (or of ``candidates``) better than the best
-        so far, if any."""
+    def score(cand: Structure, target: float) -> tuple[float, Plan | None]:
+        """The best completion of ``cand`` below ``target`` (inf and None if none)."""
         nonlocal steps, used, neighbours
-        found: tuple[Plan, float, Structure] | None = None
-        for cand in structure_neighbours(space, around) if candidates is None else candidates:
-            if spent():
-                break
-            if cand in tried:
-                continue
-            tried.add(cand)
-            left = None if time_limit is None else max(deadline - time.perf_counter(), 0.0)
-            target = min(best if found is None else found[1], beat)
-            done = complete_structure(
-                cm, space, objective, cand, max_steps=neighbour_steps, time_limit=left,
-                beat=target, bounds=bounds,
-                max_evaluations=None if max_evaluations is None else int(budget - used))
-            steps += done.steps
-            used += done.evaluations
-            neighbours += 1
-            if done.plan is not None and done.value < target:
-                found = (done.plan, done.value, cand)
-        return found
+        left = None if time_limit is None else max(deadline - time.perf_counter(), 0.0)
+        done = complete_structure(
+            cm, space, objective, cand, max_steps=neighbour_steps, time_limit=left,
+            beat=target, bounds=bounds,
+            max_evaluations=None if max_evaluations is None else int(budget - used))
+        steps += done.steps
+        used += done.evaluations
+        neighbours += 1
+        return done.value, done.plan
 
     # Global moves first while one improves: a few completions can remove most of a deep
     # pipeline's stages, a whole GPU type or site, or put idle GPUs to work, which single
     # edits would do one full scan of neighbours at a time.
     seeds = tuple(site_seeds(space))
-    while not spent():
-        found = scan(current, global_moves(space, current, seeds))
-        if found is None:
-            break
-        best_plan, best, current = found
-        moves += 1
-    while not spent():
-        found = scan(current)
-        if found is None and depth > 1:
-            # A local optimum of single edits: look two edits away (a stage of slow GPUs
-            # may only be worth dropping once another stage changes its TP degree).
-            for mid in list(structure_neighbours(space, current)):
-                if spent():
-                    break
-                found = scan(mid)
-                if found is not None:
-                    break
-        if found is None:
-            break
-        best_plan, best, current = found
-        moves += 1
+    current, best, best_plan, taken = climb(
+        current, best, best_plan, lambda at: global_moves(space, at, seeds), score,
+        beat=beat, spent=spent, tried=tried)
+
+    def edits(at: Structure) -> Iterator[Structure]:
+        return structure_neighbours(space, at)
+
+    # Then single edits; at a local optimum of those, a look two edits away (a stage of
+    # slow GPUs may only be worth dropping once another stage changes its TP degree).
+    current, best, best_plan, more = climb(
+        current, best, best_plan, edits, score, beat=beat, spent=spent, tried=tried,
+        lookahead=edits if depth > 1 else None)
+    moves = taken + more
     return Improvement(best_plan, best, first.before, moves, neighbours, steps, used,
                        time.perf_counter() - start)

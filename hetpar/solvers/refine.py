@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds
-from hetpar.solvers.exact import LocalIncumbent, SearchProblem, Searcher, _Stop
+from hetpar.solvers.exact import BudgetSearcher, LocalIncumbent, SearchProblem, _Stop
 from hetpar.problem.space import PlanSpace, StageChoice
 
 __all__ = ["Completion", "Refinement", "complete_structure", "refine_plan"]
@@ -44,24 +44,6 @@ class Refinement:
     @property
     def improved(self) -> bool:
         return self.value < self.before
-
-
-@dataclass
-class _BudgetSearcher(Searcher):
-    """A searcher that also stops after ``max_steps`` clock checks (one per search node):
-    a budget that, unlike a time limit, gives the same answer on every machine."""
-
-    max_steps: int | None = None
-    max_evaluations: int | None = None  # completions scored (enumerated splits count each)
-    steps: int = field(default=0)
-
-    def _check_time(self) -> None:
-        self.steps += 1
-        if self.max_steps is not None and self.steps > self.max_steps:
-            raise _Stop
-        if self.max_evaluations is not None and self.counters.leaves >= self.max_evaluations:
-            raise _Stop
-        super()._check_time()
 
 
 @dataclass(frozen=True)
@@ -86,9 +68,9 @@ def complete_structure(cm: CostModel, space: PlanSpace, objective: Objective,
     its stage profiles over from call to call: building them costs more than most
     completions."""
     deadline = time.time() + time_limit if time_limit is not None else math.inf
-    searcher = _BudgetSearcher(SearchProblem(cm, space, objective, deadline, beat),
-                               LocalIncumbent(beat), bounds=bounds, max_steps=max_steps,
-                               max_evaluations=max_evaluations)
+    searcher = BudgetSearcher(SearchProblem(cm, space, objective, deadline, beat),
+                              LocalIncumbent(beat), bounds=bounds, max_steps=max_steps,
+                              max_evaluations=max_evaluations)
     complete = True
     try:
         searcher.close(tuple(stages))
@@ -113,7 +95,7 @@ def refine_plan(cm: CostModel, space: PlanSpace, objective: Objective, plan: Pla
     start = time.perf_counter()
     stages, _ = space.decompose(plan)
     core = cm.core(plan)
-    before = objective(core.total) if core.feasible else math.inf
+    before = objective.score(core.total, core.feasible)
     done = complete_structure(cm, space, objective, stages, max_steps=max_steps,
                               time_limit=time_limit, beat=min(before, beat), bounds=bounds)
     best, value = plan, before

@@ -1,0 +1,136 @@
+"""One planner contract: ``plan(problem, method, ...)`` reaches every planning method and
+returns a ``Solution``.
+
+Methods (``METHODS``):
+
+* ``exact``, ``brute``, ``metis``, ``megatron``, ``random``: the solvers
+  (``hetpar.solvers.solve``; options ``workers``, ``time_limit``, ``budget``,
+  ``rng_seed``, ``progress``, ``executor``, ``certify``);
+* ``local-search``: the structure local search (``improve_structure``) from the
+  Metis-style plan (options ``max_evaluations``, ``neighbour_steps``, ``time_limit``);
+* ``policy``, ``policy-beam``, ``policy-greedy``, ``policy-raw``: a trained policy
+  (``hetpar.agents.planner.plan_with_policy``; ``policy=`` a loaded bundle or a policy
+  file, None for the shipped one). Each name presets the planner's settings
+  (``POLICY_PRESETS``): ``policy`` is ``hetpar plan``'s default (the single most likely
+  rollout, its refinement, then the structure search), ``policy-beam`` the same from a
+  beam search, ``policy-greedy`` the refined rollout without the structure search and
+  ``policy-raw`` the rollout alone. Options (``beam``, ``refine``, ``refine_steps``,
+  ``improve_evaluations``, ``cache``, ``incumbent``, ``budget_s``, ...) override them.
+
+Every method scores its plan by the same ``Problem`` (objective parsed once, bandwidth
+draws of its seed), so their values compare exactly, and every ``Solution`` names the
+part of the method that found the plan (``found_by``) and the time of each part
+(``timings``). This module does not import torch: the policy methods do, when called
+(the ``rl`` extra is optional).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from hetpar.errors import ConfigError
+from hetpar.plan import Plan
+from hetpar.problem import Problem, Solution
+
+__all__ = ["METHODS", "POLICY_METHODS", "SOLVER_METHODS", "plan", "policy_presets"]
+
+SOLVER_METHODS = ("exact", "brute", "metis", "megatron", "random")
+POLICY_METHODS = ("policy", "policy-beam", "policy-greedy", "policy-raw")
+METHODS = (*SOLVER_METHODS, "local-search", *POLICY_METHODS)
+
+# The options each kind of method takes (anything else is a caller's mistake).
+_SOLVER_OPTIONS = frozenset({"workers", "time_limit", "budget", "rng_seed", "progress",
+                             "executor", "certify"})
+_LOCAL_SEARCH_OPTIONS = frozenset({"max_evaluations", "neighbour_steps", "time_limit"})
+_POLICY_OPTIONS = frozenset({"beam", "refine", "refine_steps", "refine_time",
+                             "refine_candidates", "improve_evaluations", "threads", "source",
+                             "cache", "incumbent", "budget_s", "speculate", "instance"})
+
+
+def policy_presets() -> dict[str, dict[str, Any]]:
+    """What each policy method sets (``beam``, ``refine``, ``improve_evaluations``).
+
+    A function, not a constant: the defaults live with the policy planner and the
+    local search, which this module does not import until a policy method is asked."""
+    from hetpar.agents.planner import DEFAULT_BEAM, WIDE_BEAM
+    from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
+
+    return {"policy": {"beam": DEFAULT_BEAM, "refine": True,
+                       "improve_evaluations": DEFAULT_EVALUATIONS},
+            "policy-beam": {"beam": WIDE_BEAM, "refine": True,
+                            "improve_evaluations": DEFAULT_EVALUATIONS},
+            "policy-greedy": {"beam": 1, "refine": True, "improve_evaluations": 0},
+            "policy-raw": {"beam": 1, "refine": False, "improve_evaluations": 0}}
+
+
+def plan(problem: Problem, method: str, *, policy: Any = None, **options: Any) -> Solution:
+    """Plan ``problem`` with ``method`` (one of ``METHODS``); see the module docstring for
+    each method's options. ``policy`` (policy methods only): a loaded ``PolicyBundle``,
+    a policy file, or None for the policy shipped with hetpar.
+
+    Raises ConfigError for an unknown method or an option the method does not take,
+    InfeasibleError when no plan fits, and ConfigError naming the ``rl`` extra when a
+    policy method is asked without torch installed."""
+    if method not in METHODS:
+        raise ConfigError("", "method", f"unknown method {method!r} "
+                                        f"(known: {', '.join(METHODS)})")
+    allowed = (_SOLVER_OPTIONS if method in SOLVER_METHODS else
+               _LOCAL_SEARCH_OPTIONS if method == "local-search" else _POLICY_OPTIONS)
+    extra = sorted(set(options) - allowed)
+    if extra:
+        raise ConfigError("", "options", f"{', '.join(extra)}: not an option of method "
+                                         f"{method!r} (it takes {', '.join(sorted(allowed))})")
+    if method in SOLVER_METHODS:
+        from hetpar.solvers.api import solve
+
+        return solve(problem, method, **options)
+    if method == "local-search":
+        return _local_search(problem, **options)
+    return _policy(problem, method, policy, options)
+
+
+def _local_search(problem: Problem, *, max_evaluations: int | None = None,
+                  neighbour_steps: int = 150, time_limit: float | None = None) -> Solution:
+    """The structure local search from the Metis-style plan (which lies in the space)."""
+    from hetpar.solvers.api import solve
+    from hetpar.solvers.local_search import DEFAULT_EVALUATIONS, improve_structure
+
+    start = time.perf_counter()
+    seed = solve(problem, "metis")
+    if not seed.found or seed.plan is None:
+        return replace(seed, method="local-search", wall_s=time.perf_counter() - start)
+    budget = DEFAULT_EVALUATIONS if max_evaluations is None else max_evaluations
+    imp = improve_structure(problem.cost_model, problem.space, problem.objective, seed.plan,
+                            max_evaluations=budget, neighbour_steps=neighbour_steps,
+                            time_limit=time_limit)
+    improved = imp.value < seed.value
+    plan_: Plan = imp.plan if improved else seed.plan
+    value = imp.value if improved else seed.value
+    details = {"start_value": seed.value, "moves": imp.moves, "neighbours": imp.neighbours,
+               "steps": imp.steps, "max_evaluations": budget}
+    return Solution("local-search", problem.objective.name, plan_,
+                    problem.estimate(plan_) if improved else seed.estimate, value,
+                    time.perf_counter() - start,
+                    evaluations=seed.evaluations + imp.evaluations,
+                    details=details, found_by="improve" if improved else "metis",
+                    timings={"metis": seed.wall_s, "improve": imp.wall_s},
+                    inputs=problem.describe())
+
+
+def _policy(problem: Problem, method: str, policy: Any, options: dict[str, Any]) -> Solution:
+    try:
+        import torch  # noqa: F401  (the policy planner's dependency, optional)
+    except ImportError as exc:
+        raise ConfigError("", "method", f"the policy methods need the 'rl' extra "
+                                        f"(pip install 'hetpar[rl]'): {exc}") from None
+    # Through the module, not a bound name: tests and tools may wrap the planner.
+    from hetpar.agents import planner
+
+    if policy is None or not hasattr(policy, "env_kwargs"):
+        from hetpar.agents.io import load_policy
+
+        policy = load_policy(policy)
+    settings = {**policy_presets()[method], **options}
+    return planner.plan_with_policy(policy, problem, method=method, **settings)

@@ -1,0 +1,72 @@
+"""The code plans what it planned when tests/data/golden_plans.json was written.
+
+Re-runs the ``quick`` subset of the golden snapshot through ``benchmarks/same_plans.py``
+(the solver cases always; the shipped policy's cases where torch and sb3-contrib are
+installed) and fails on any value or plan that differs. The full snapshot is checked with
+``python benchmarks/same_plans.py --check tests/data/golden_plans.json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "same_plans.py"
+GOLDEN = ROOT / "tests" / "data" / "golden_plans.json"
+
+
+def _load_script():
+    name = "hetpar_bench_same_plans"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def same_plans():
+    return _load_script()
+
+
+@pytest.fixture(scope="module")
+def quick_cases(same_plans):
+    doc = same_plans.load_golden(GOLDEN)
+    return same_plans.select(doc["cases"], "quick")
+
+
+def _check(same_plans, cases):
+    lines: list[str] = []
+    n, mismatches, _ = same_plans.check_records(cases, report=lines.append)
+    assert n == len(cases)
+    assert not mismatches, (f"{len(mismatches)} of {n} cases differ from {GOLDEN.name}:\n"
+                            + "\n".join(lines))
+
+
+def test_quick_subset_covers_solvers_and_policy(same_plans, quick_cases):
+    methods = {c["method"] for c in quick_cases}
+    assert {"metis", "megatron", "random", "local-search", "exact", "brute"} <= methods
+    assert set(same_plans.POLICY_METHODS) <= methods
+    # the exact and brute cases are compared only where they were proven optimal
+    assert all(c["optimal"] for c in quick_cases if c["method"] in ("exact", "brute"))
+
+
+def test_solver_cases_same_as_golden(same_plans, quick_cases):
+    cases = [c for c in quick_cases if not same_plans.needs_policy(c)]
+    assert cases
+    _check(same_plans, cases)
+
+
+def test_policy_cases_same_as_golden(same_plans, quick_cases):
+    pytest.importorskip("torch", reason="the shipped policy needs torch (extra 'rl')")
+    pytest.importorskip("sb3_contrib", reason="the shipped policy needs sb3-contrib (extra 'rl')")
+    cases = [c for c in quick_cases if same_plans.needs_policy(c)]
+    assert cases
+    _check(same_plans, cases)

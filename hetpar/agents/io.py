@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hetpar.errors import ConfigError
+from hetpar.problem import POLICY_SAMPLES
 
 __all__ = ["FORMAT_VERSION", "META_MEMBER", "ENV_KWARGS", "PolicyBundle", "save_policy",
            "load_policy", "check_compatible", "default_policy_path", "observation_signature",
@@ -43,7 +44,8 @@ FORMAT_VERSION = 1
 META_MEMBER = "hetpar_meta.json"
 # PlanBuilderEnv keyword arguments a policy depends on (besides max_hosts).
 ENV_KWARGS = ("objective", "bandwidth", "samples", "max_layers", "max_micro", "max_tp")
-_ENV_DEFAULTS: dict[str, Any] = {"objective": "mean", "bandwidth": "sampled", "samples": 16,
+_ENV_DEFAULTS: dict[str, Any] = {"objective": "mean", "bandwidth": "sampled",
+                                 "samples": POLICY_SAMPLES,
                                  "max_layers": 128, "max_micro": 16, "max_tp": 16}
 
 

@@ -62,9 +62,8 @@ _MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environmen
 # structures are refined.
 REFINE_CANDIDATES = 2
 # Beam width of `hetpar plan` (1: the single most likely rollout). With the structure
-# search after it a wider beam rarely pays: on the four held-out suites (N = 10) a beam of
-# 4 gave a better plan on 5 of 40 instances, and its inference took 4-6x as long on the
-# bundled 16-128-GPU clusters. Re-planning uses its own, REPLAN_BEAM.
+# search after it a wider beam rarely pays for its several-fold longer inference
+# (docs/agents.md has the measurement). Re-planning uses its own, REPLAN_BEAM.
 DEFAULT_BEAM = 1
 # Width of `hetpar evaluate`'s policy-beam method and the width to suggest for more search.
 WIDE_BEAM = 4

@@ -59,6 +59,7 @@ import yaml
 
 from hetpar.configio import Reader, bundled_dir, load_document
 from hetpar.errors import ConfigError
+from hetpar.problem import POLICY_SAMPLES
 
 __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "TrainResult",
            "resolve_train_config_path"]
@@ -146,7 +147,7 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
         "max_hosts": env_r.int("max_hosts", 32, minimum=1),
         "objective": env_r.str("objective", "mean"),
         "bandwidth": env_r.choice("bandwidth", ("sampled", "robust"), "robust"),
-        "samples": env_r.int("samples", 16, minimum=1),
+        "samples": env_r.int("samples", POLICY_SAMPLES, minimum=1),
         "instances": env_r.int("instances", None, minimum=1),
         "max_layers": env_r.int("max_layers", 128, minimum=1),
         "max_micro": env_r.int("max_micro", 16, minimum=1),

@@ -64,9 +64,8 @@ __all__ = [
 
 STRATEGIES = ("static", "robust", "policy", "exact", "exact-rt")
 
-# The policy re-planner's defaults: one rollout and a short refinement decide within
-# 50 ms on these clusters and already beat static and robust (docs/results-dynamic.md:
-# wider beams plan up to 3% better on congested clouds and host loss, in 60-100 ms).
+# The policy re-planner's defaults: one rollout and a short refinement decide fast and
+# already beat static and robust (docs/results-dynamic.md measures wider beams).
 REPLAN_BEAM = 1
 REPLAN_REFINE_STEPS = 150
 # Wall-clock budget of one policy decision: the refinement (anytime) stops when it is

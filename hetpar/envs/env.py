@@ -71,6 +71,7 @@ from hetpar.envs.search import Snapshot
 from hetpar.envs.sources import InstanceSource, as_source
 from hetpar.envs.types import PHASES, GlobalFeature, HostFeature, State
 from hetpar.envs.viewer import RENDERERS
+from hetpar.problem import POLICY_SAMPLES
 from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError, InfeasibleError, PlanError
 from hetpar.plan import Plan
@@ -122,7 +123,8 @@ class PlanBuilderEnv(gym.Env):
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 2}
 
     def __init__(self, suite: str | Any = "train-small", *, max_hosts: int | None = None,
-                 objective: str = "mean", bandwidth: str = "sampled", samples: int = 16,
+                 objective: str = "mean", bandwidth: str = "sampled",
+                 samples: int = POLICY_SAMPLES,
                  instances: int | None = None, max_layers: int = 128, max_micro: int = 16,
                  max_tp: int = 16, render_mode: str | None = None,
                  constants: CostConstants | None = None, cache_size: int = 512,

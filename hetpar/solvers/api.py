@@ -97,8 +97,8 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
 
 
 # Halvings of each first stage's bound when ranking the subtrees: the order only needs
-# it roughly, and every target tried builds bound tables the search never asks for (with
-# 8, ranking took 40% of a proof on amp-het-12).
+# it roughly, and every target tried builds bound tables the search never asks for
+# (docs/history/solvers-rounds.md has the measurements behind these choices).
 RANK_STEPS = 3
 
 # More first-stage choices than this and the search cannot even list its first level.
@@ -151,9 +151,9 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                         found_by="metis" if seed.found else "")
     if not certify:
         return _deadline_search(cm, space, obj, time_limit)
-    # A dive over a few deep-pipeline structures with a local search over them (0.5 s on
-    # amp-het-16): an incumbent near the optimum before the exhaustive search prunes far
-    # more than the heuristic's plan; a tenth of the time limit at most, from its start.
+    # A dive over a few deep-pipeline structures with a local search over them: an
+    # incumbent near the optimum before the exhaustive search prunes far more than the
+    # heuristic's plan; a tenth of the time limit at most, from its start.
     dive_budget = 0.1 * time_limit if time_limit else 30.0
     seed_value, seed_plan, seed_source = math.inf, None, ""
     if workers == 1:
@@ -167,8 +167,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     problem = SearchProblem(cm, space, obj, deadline, seed_value)
     # One task per first stage, also with several workers: each worker builds its own
     # bound tables, and subtrees below one first stage share most of them (tasks below
-    # the first two stages made two workers build about 1.6x the tables of one, and
-    # finish amp-het-16 in 46 s against 31 s). root_tasks(depth=2) stays available.
+    # the first two stages made two workers build the same tables twice over).
+    # root_tasks(depth=2) stays available.
     tasks = root_tasks(problem, depth=1)
     order_bounds: Bounds | None = None  # with one worker, the ranking's tables serve the search
     rank: dict[StageChoice, float] = {}
@@ -191,22 +191,19 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         tasks.sort(key=lambda t: (rank.get(t.prefix[0], math.inf), -sum(t.free(space))))
     else:
         # Several workers finish together only if the largest subtrees start first: the
-        # first stages that leave the most GPUs free root the largest ones (on amp-het-16
-        # the subtree of one V100 alone takes 40% of the search, and started third it
-        # ended 6 s after every other). Ranking them would cost the workers' time in
-        # this one process (2 s on amp-het-16); a subtree a bound prunes at its root
-        # costs a worker as little. The largest is split one stage deeper into one part
-        # per worker, each part the subtrees of every n-th GPU count of the next stage:
-        # a worker's subtrees then share its bound tables (one task per subtree spread
-        # siblings over the workers, and each built the tables of states the other had
-        # built: 8.2 CPU-seconds on amp-het-16 against 5.4 for the same tasks in one
-        # process; 6.2 with parts).
+        # first stages that leave the most GPUs free root the largest ones (started late,
+        # one such subtree ends long after every other). Ranking them would cost the
+        # workers' time in this one process; a subtree a bound prunes at its root costs a
+        # worker as little. The largest is split one stage deeper into one part per
+        # worker, each part the subtrees of every n-th GPU count of the next stage: a
+        # worker's subtrees then share its bound tables (one task per subtree spread
+        # siblings over the workers, and each rebuilt the tables the other had built).
         tasks.sort(key=lambda t: -sum(t.free(space)))
         if tasks:
             tasks = split_task(problem, tasks[0], parts=workers) + tasks[1:]
         # The seeds run on the workers too, first: a worker starts on the subtrees once
         # its seed is done (the incumbent it leaves prunes them), and the dive offers each
-        # plan it finds at once. (Run before the pool, they were 1 s of mixed-32's 5.7 s.)
+        # plan it finds at once (run before the pool, they kept every worker idle).
         tasks = [Task((), seed="metis"),
                  Task((), seed="dive", until=time.time() + dive_budget)] + tasks
     if executor is None:

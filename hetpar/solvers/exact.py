@@ -231,8 +231,7 @@ class Searcher:
             # A part takes every n-th of the children's distinct GPU counts (largest
             # first), not every n-th child: children that take as many GPUs leave as many
             # free, and their subtrees reach many of the same states, whose bound tables
-            # the worker then builds once (every n-th child: 2.9 s on amp-het-16 with two
-            # workers, 55,800 nodes; by GPU count: 2.5 s, 51,800 nodes).
+            # the worker then builds once (docs/history/solvers-rounds.md, eighth round).
             sizes = sorted({stage.gpus for stage, _ in canonical}, reverse=True)
             part_of = {g: j % n for j, g in enumerate(sizes)}
         for stage, nxt in canonical:
@@ -1019,7 +1018,7 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
         tree.append(nodes)
 
     # Count exactly with a node budget, unless the probes say the tree exceeds it by far
-    # (walking 20,000 nodes only to give up took 1.2 s of a 40 s proof on amp-het-16).
+    # (walking the budget's nodes only to give up cost a proof a noticeable share).
     budget = [20_000]
 
     def count(free: tuple[int, ...], prefix: tuple[StageChoice, ...]) -> float:

@@ -79,6 +79,11 @@ def _pair(out_base: str, out_head: str) -> None:
         if ratios:
             print(f"      base:   {other.strip()}")
             print(f"      ratios: {' '.join(ratios)}")
+    left = [line for twins in seen.values() for line in twins if line.strip()]
+    if left:  # shapes only the base printed: shown, so nothing measured goes unseen
+        print("  base only:")
+        for line in left:
+            print(f"      {line}")
 
 
 def main() -> int:

@@ -40,6 +40,8 @@ PUBLISHED_PARAMS = {
     "llama3-70b": 70.55e9,
     # GPT-2 medium (Radford et al. 2019: 345M; AMP's padded vocabulary of 52,256 adds ~3%).
     "gpt2-medium": 0.345e9,
+    # GPT-2 XL (Radford et al. 2019, Table 2: 1542M).
+    "gpt2-xl": 1.542e9,
 }
 
 

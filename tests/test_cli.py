@@ -262,7 +262,7 @@ def test_solve_exact_with_a_time_limit_reports_bound_and_gap(capsys):
     cert = data["certificate"]
     assert cert["stopped"] == "time limit" and not cert["optimal"]
     assert cert["lower_bound_s"] <= data["value_s"] and data["gap"] >= 0
-    assert data["found_by"] in ("metis", "dive", "search")
+    assert data["found_by"] in ("metis", "megatron", "policy", "dive", "search")
     code, text, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                           "--time-limit", "1", "--samples", "4")
     assert code == 0, err

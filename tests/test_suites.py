@@ -19,7 +19,8 @@ from hetpar.errors import ConfigError
 from hetpar.problem import Problem
 from hetpar.problem.space import PlanSpace
 
-SUITES = ["tiny", "train-small", "train-mixed", "test-iid", "test-larger", "test-unseen-gpus", "test-geo"]
+SUITES = ["tiny", "train-small", "train-mixed", "test-iid", "test-larger", "test-unseen-gpus",
+          "test-geo", "test-hard"]
 N = 20
 
 
@@ -124,15 +125,16 @@ def test_first_instances_parse_and_respect_the_family(suites, name):
             sites = inst.meta["sites"]
             assert spec.network.sites[0] <= sites <= spec.network.sites[1]
             assert len(fabric) == sites * (sites - 1) // 2
+            (glo, ghi), (llo, lhi) = spec.network.wan_gbps, spec.network.wan_latency_ms
             for lk in fabric:
-                assert 0.5 <= lk.capacity_gbps <= 2.0
-                assert 0.01 <= lk.latency_s <= 0.07
+                assert glo <= lk.capacity_gbps <= ghi
+                assert llo / 1e3 <= lk.latency_s <= lhi / 1e3
                 assert lk.bandwidth.cv() > 0
             # Hosts on different sites talk across a WAN link, with tens of ms.
             for a, ha in enumerate(cluster.hosts):
                 for b, hb in enumerate(cluster.hosts):
                     if ha.switch != hb.switch:
-                        assert cluster.route_latency_s[a, b] >= 0.01
+                        assert cluster.route_latency_s[a, b] >= llo / 1e3
 
 
 def test_family_figures():
@@ -156,6 +158,27 @@ def test_family_figures():
     for spec in (train, unseen, geo, tiny, larger.spec):
         for b in spec.training.global_batch:
             assert 8 <= b <= 512 and b & (b - 1) == 0
+
+
+def test_test_hard_is_unlike_the_training_family(suites):
+    """Held out by construction: 64-128 GPUs, vendor mixes, consumer GPUs on Ethernet and
+    three or more WAN regions, none of which the training family has."""
+    hard, mixed = suites["test-hard"], suites["train-mixed"].spec
+    amd = {"MI300X-192GB", "MI250X-GCD"}
+    consumer = {"RTX-4090-24GB", "RTX-3090-24GB"}
+    assert hard.spec.hosts[0] > mixed.hosts[1] and hard.spec.network.sites[0] >= 3
+    seen = {"vendor mix": 0, "consumer on Ethernet": 0, "geo": 0}
+    for inst in hard.instances(N):
+        cluster = inst.cluster
+        assert 64 <= cluster.num_gpus <= 128
+        types = {h.gpu.name for h in cluster.hosts}
+        seen["vendor mix"] += bool(types & amd) and bool(types - amd)
+        seen["consumer on Ethernet"] += any(h.gpu.name in consumer and h.nic_gbps <= 25
+                                            for h in cluster.hosts)
+        if inst.meta["shape"] == "geo":
+            seen["geo"] += 1
+            assert inst.meta["sites"] >= 3
+    assert all(count >= 3 for count in seen.values()), seen
 
 
 @pytest.mark.parametrize("name", SUITES)

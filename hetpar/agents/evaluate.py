@@ -11,6 +11,13 @@ Gaps (docs/results.md): ``T / T_exact - 1`` where ``exact`` proved the optimum
 within its time limit, otherwise ``T / T_best - 1`` with ``T_best`` the best plan any
 method found (exact's incumbent included); the ``reference`` column says which.
 
+With a reference file (``hetpar.agents.reference``, ``configs/references/SUITE.json``),
+every row also has its gaps to the file's entry for the instance (``REFERENCE_COLUMNS``):
+to the proven optimum where the file has one (``gap_to_optimum``), else to the proven
+bound (``gap_to_bound``, an upper bound on the true gap) and to the file's best plan
+(``gap_to_ref_best``). The file must match the suite, the cost model, the objective,
+samples and seed, and its plans must score as stored (ConfigError otherwise).
+
 Outputs (``write_outputs``): ``results.csv`` (one row per instance and method),
 ``results.json`` (the same rows with every result field, plans included),
 ``summary.md`` (per method: median, p90 and worst gap, win rates against every other
@@ -39,6 +46,7 @@ from hetpar.solvers.isolated import run_exact_isolated
 __all__ = [
     "CSV_COLUMNS",
     "METHODS",
+    "REFERENCE_COLUMNS",
     "Evaluation",
     "Row",
     "evaluate",
@@ -58,6 +66,11 @@ POLICY_METHODS = planning.POLICY_METHODS
 assert set(METHODS) == set(planning.METHODS)
 CSV_COLUMNS = ("suite", "index", "instance", "hosts", "gpus", "model", "method", "objective",
                "value_s", "wall_s", "inference_s", "optimal", "gap", "reference", "error")
+# Appended to results.csv when the evaluation has a reference file. ref_status: optimal
+# (the file proves the optimum), bounded (a bound, not met), unbounded (a plan, no bound),
+# none (no entry for the instance).
+REFERENCE_COLUMNS = ("ref_status", "ref_value_s", "ref_bound_s", "gap_to_optimum",
+                     "gap_to_bound", "gap_to_ref_best")
 _TIE = 1e-9  # relative difference below which two values are a tie
 
 
@@ -82,6 +95,13 @@ class Row:
     error: str = ""
     solution: Solution | None = None  # the method's answer (None: no answer, or isolated)
     inputs: dict[str, Any] = field(default_factory=dict)  # the problem's (Problem.describe)
+    # Against the reference file (REFERENCE_COLUMNS); ref_status "" when there is none.
+    ref_status: str = ""
+    ref_value_s: float = math.nan
+    ref_bound_s: float = math.nan
+    gap_to_optimum: float = math.nan
+    gap_to_bound: float = math.nan
+    gap_to_ref_best: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """The result fields every command prints (``Solution.to_dict``) and the row's
@@ -104,12 +124,23 @@ class Row:
         out.update(suite=self.suite, index=self.index, instance=self.instance,
                    hosts=self.hosts, gpus=self.gpus, reference=self.reference,
                    reference_gap=self.gap, error=self.error)
+        if self.ref_status:
+            out.update({k: _json_num(getattr(self, k)) if k != "ref_status" else self.ref_status
+                        for k in REFERENCE_COLUMNS})
         return out
 
-    def as_csv(self) -> dict[str, Any]:
+    def as_csv(self, reference: bool = False) -> dict[str, Any]:
+        """One results.csv row; with ``reference``, the REFERENCE_COLUMNS too."""
         def num(x: float) -> str:
             return "" if math.isnan(x) else "inf" if math.isinf(x) else f"{x:.6g}"
 
+        extra: dict[str, Any] = {}
+        if reference:
+            extra = {k: self.ref_status if k == "ref_status" else num(getattr(self, k))
+                     for k in REFERENCE_COLUMNS}
+        return {**self._csv(num), **extra}
+
+    def _csv(self, num: Callable[[float], str]) -> dict[str, Any]:
         return {"suite": self.suite, "index": self.index, "instance": self.instance,
                 "hosts": self.hosts, "gpus": self.gpus, "model": self.model,
                 "method": self.method, "objective": self.objective,
@@ -132,6 +163,7 @@ class Evaluation:
     time_limit: float
     policy: str = ""
     rows: list[Row] = field(default_factory=list)
+    reference: str = ""  # the reference file's path ("" : none)
 
     def of(self, method: str) -> list[Row]:
         return [r for r in self.rows if r.method == method]
@@ -141,6 +173,7 @@ class Evaluation:
         return {"suite": self.suite, "n": self.n, "methods": list(self.methods),
                 "objective": self.objective, "samples": self.samples, "seed": self.seed,
                 "time_limit_s": self.time_limit, "policy": self.policy,
+                **({"reference_file": self.reference} if self.reference else {}),
                 "rows": [r.to_dict() for r in self.rows]}
 
     def value(self, index: int, method: str) -> float:
@@ -222,7 +255,35 @@ class Evaluation:
                 "the environment, refinement, structure search and scoring; its inference is "
                 "the masked rollout or beam search alone).")
         lines += ["", note]
+        if self.reference:
+            lines += ["", *self._reference_markdown()]
         return "\n".join(lines) + "\n"
+
+    def _reference_markdown(self) -> list[str]:
+        """Per method: gaps to the reference file's optima, bounds and best plans."""
+        first = self.of(self.methods[0])
+        status = [r.ref_status for r in first]
+        proven, bounded = status.count("optimal"), status.count("bounded")
+        unbounded, missing = status.count("unbounded"), status.count("none")
+        lines = [f"### Gaps to the reference file `{self.reference}`", "",
+                 f"Of {len(status)} instances the file proves the optimum of {proven}, bounds "
+                 f"{bounded} without proof and has a plan without a bound for {unbounded}"
+                 + (f"; it has no entry for {missing}" if missing else "") + ". Gap to "
+                 "optimum: T / T_opt - 1 on the proven instances. On the others, gap to "
+                 "bound: T / bound - 1, an upper bound on the true gap, and gap to ref best: "
+                 "T / T_ref - 1, to the best plan the reference build found.", "",
+                 "| method | gap to optimum (median / worst) | gap to bound (median / worst) "
+                 "| gap to ref best (median / worst) |", "|---|--:|--:|--:|"]
+        for m in self.methods:
+            rows = self.of(m)
+            cells = [m]
+            for key in ("gap_to_optimum", "gap_to_bound", "gap_to_ref_best"):
+                gaps = [getattr(r, key) for r in rows if not math.isnan(getattr(r, key))]
+                cells.append(f"{_pct(_quantile(gaps, 0.5))} / "
+                             f"{_pct(max(gaps) if gaps else math.nan)} ({len(gaps)})")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "In brackets: instances counted."]
+        return lines
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -237,6 +298,10 @@ def _quantile(values: Sequence[float], q: float) -> float:
     if math.isinf(v[hi]):
         return math.inf
     return float(v[lo] + (pos - lo) * (v[hi] - v[lo]))
+
+
+def _json_num(x: float) -> float | None:
+    return None if math.isnan(x) else x
 
 
 def _pct(x: float) -> str:
@@ -259,7 +324,8 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
              beam: int | None = None,
              isolate: bool = True, grace_s: float | None = None, memory_gib: float = 8.0,
              progress: Callable[[int, str], None] | None = None,
-             on_start: Callable[[int, str], None] | None = None) -> Evaluation:
+             on_start: Callable[[int, str], None] | None = None,
+             reference: Any = None) -> Evaluation:
     """Run ``methods`` on instances ``0 .. n-1`` of ``suite`` (a ``Suite`` or its name).
 
     ``bundle`` (a loaded policy) is needed when ``policy`` is among the methods; the
@@ -273,6 +339,11 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     use at most ``memory_gib`` of address space, so one instance on which the search
     does not honour its limit cannot stall or exhaust the machine; such a run counts as
     "no plan" and the instance's gaps are taken against the best plan found.
+
+    ``reference`` (a loaded ``hetpar.agents.reference.References``) adds each row's gaps
+    to the file's entries. It is checked before any method runs: a file for another
+    suite, cost model, objective, samples or seed, an entry for another instance or a
+    plan that no longer scores as stored is a ConfigError naming the mismatch.
     """
     if isinstance(suite, (str, Path)):
         from hetpar.problem.generator import load_suite
@@ -297,7 +368,10 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
             check_hosts(bundle, inst, f"{suite.name} instance {inst.name}")
 
     result = Evaluation(suite.name, n, methods, obj.name, k, seed, time_limit,
-                        policy=str(bundle.path) if bundle is not None else "")
+                        policy=str(bundle.path) if bundle is not None else "",
+                        reference=reference.source if reference is not None else "")
+    entries = (_reference_entries(reference, suite, instances, obj, k, seed)
+               if reference is not None else None)
     for i, inst in enumerate(instances):
         # One problem per instance: every method is scored by its states (and shares its
         # cost model's tables).
@@ -338,8 +412,70 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
             if progress is not None:
                 progress(i, m)
         _fill_gaps(rows)
+        if entries is not None:
+            _fill_reference_gaps(rows, entries.get(i))
         result.rows.extend(rows)
     return result
+
+
+def _reference_entries(reference: Any, suite: Any, instances: Sequence[Any],
+                       objective: Objective, samples: int, seed: int) -> dict[int, Any]:
+    """The reference file's entries of these instances, checked before any method runs:
+    the header matches, each entry is for the instance and its plan scores as stored
+    (else a ConfigError)."""
+    from hetpar.agents.reference import TIE, instance_digest
+    from hetpar.plan import Plan
+
+    hint = "build a matching one with 'hetpar reference build', or pass --no-reference"
+    reference.require_match(suite, objective.name, samples, seed, hint)
+    out = {}
+    for i, inst in enumerate(instances):
+        entry = reference.entries.get(i)
+        if entry is None:
+            continue
+        where = f"instances[{i}]"
+        if entry.instance_digest != instance_digest(inst):
+            raise ConfigError(reference.source, where, f"{entry.name} is not this suite's "
+                              f"instance {i} ({inst.name}); run 'hetpar reference check'")
+        if entry.plan is not None:
+            # A problem of its own, dropped at once: the evaluation's are made one at a
+            # time, so that their cost models never all live together.
+            problem = Problem.from_instance(inst, objective=objective, samples=samples,
+                                            seed=seed)
+            plan = Plan.from_dict(entry.plan, f"{reference.source}: {where}.plan")
+            problem.estimate(plan, source=f"{reference.source}: {where}.plan")  # validates
+            value = problem.value(plan)
+            if not abs(value - entry.value_s) <= TIE * max(abs(value), abs(entry.value_s)):
+                raise ConfigError(reference.source, where,
+                                  f"stale: its plan scores {value:.9g} s, the file says "
+                                  f"{entry.value_s:.9g} s; run 'hetpar reference check'")
+        out[i] = entry
+    return out
+
+
+def _fill_reference_gaps(rows: list[Row], entry: Any) -> None:
+    """Each row's gaps to the reference entry of its instance (None: no entry)."""
+    def gap(value: float, ref: float) -> float:
+        if math.isinf(value):
+            return math.inf
+        g = value / ref - 1.0
+        return 0.0 if abs(g) < 1e-12 else g
+
+    for r in rows:
+        if entry is None or entry.plan is None:
+            r.ref_status = "none"
+            continue
+        r.ref_value_s = entry.value_s
+        lb = entry.lower_bound_s
+        r.ref_bound_s = lb if lb is not None else math.nan
+        if entry.optimal:
+            r.ref_status = "optimal"
+            r.gap_to_optimum = gap(r.value_s, entry.value_s)
+            continue
+        r.ref_status = "bounded" if lb is not None and lb > 0 else "unbounded"
+        if r.ref_status == "bounded":
+            r.gap_to_bound = gap(r.value_s, lb)
+        r.gap_to_ref_best = gap(r.value_s, entry.value_s)
 
 
 def _options(method: str, inst: Any, beam: int, workers: int, budget: int,
@@ -385,10 +521,12 @@ def write_outputs(result: Evaluation, out_dir: str | Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
         csv_path = out / "results.csv"
         with csv_path.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+            ref = bool(result.reference)
+            writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS + (REFERENCE_COLUMNS if ref
+                                                                  else ()))
             writer.writeheader()
             for r in result.rows:
-                writer.writerow(r.as_csv())
+                writer.writerow(r.as_csv(reference=ref))
         json_path = out / "results.json"
         json_path.write_text(json.dumps(result.to_dict(), allow_nan=True) + "\n",
                              encoding="utf-8")

@@ -254,9 +254,9 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     caller already holds (a re-planner's current plan in the new state): refinement then
     only seeks plans better than it, which prunes more, and the policy's own best plan
     is returned when none is found. ``budget_s`` bounds the wall time of the whole call
-    for a caller with a deadline: the refinement, which is anytime, stops
-    ``BUDGET_MARGIN_S`` before the budget is spent and keeps the best plan found so far
-    (the rollout is not cut; the plan then depends on the machine's speed). ``speculate``
+    for a caller with a deadline: the refinement and the structure search, both anytime,
+    stop ``BUDGET_MARGIN_S`` before the budget is spent and keep the best plan found so
+    far (the rollout is not cut; the plan then depends on the machine's speed). ``speculate``
     is how many states one forward pass of the single rollout scores (``_greedy``; 1: one
     state per pass, the same plan more slowly). Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
@@ -376,14 +376,18 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
             found_by = "refine"
     improve_s, moves = 0.0, 0
     improved_from: float | None = None  # the refined value the structure search started at
-    if improve_evaluations > 0:
+    # Under ``budget_s`` the structure search gets what the budget has left (it stops
+    # with the best plan so far), so the budget bounds the whole call as documented.
+    improve_limit = (None if budget_s is None else
+                     budget_s - BUDGET_MARGIN_S - (time.perf_counter() - called))
+    if improve_evaluations > 0 and (improve_limit is None or improve_limit > 0.0):
         from hetpar.solvers.local_search import improve_structure
 
         t0 = time.perf_counter()
         if space is None:
             space = PlanSpace(inst.cluster, cm.model, inst.training)
         imp = improve_structure(cm, space, obj, plan, max_evaluations=improve_evaluations,
-                                beat=min(value, incumbent))
+                                beat=min(value, incumbent), time_limit=improve_limit)
         improved_from = value
         evaluations += imp.evaluations
         if imp.value < value:

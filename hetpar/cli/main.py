@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     sol.add_argument("--budget", type=int, default=200,
                      help="plans the random baseline may score (default 200)")
     sol.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
+    sol.add_argument("--start", action="append", default=[], metavar="FILE",
+                     help="a plan (JSON) that seeds the exact search: its answer is never "
+                          "worse than this plan, which it returns if nothing beats it "
+                          "(repeatable)")
+    sol.add_argument("--no-policy-start", action="store_true",
+                     help="do not seed the exact search with the policy's plan (by default "
+                          "the shipped policy plans first where torch is installed)")
     sol.set_defaults(func=_cmd_solve)
 
     val = sub.add_parser(
@@ -108,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_parsers(sub)
     _add_train_parser(sub)
     _add_replan_parser(sub)
+    _add_reference_parser(sub)
     return parser
 
 
@@ -173,6 +181,7 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
 def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
     from hetpar.agents import planning
     from hetpar.costmodel.objective import Objective
+    from hetpar.plan import Plan
     from hetpar.problem import Problem
     from hetpar.solvers.api import Progress
 
@@ -187,6 +196,16 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
+    if args.start and args.method != "exact":
+        raise ConfigError("--start", "", f"start plans seed the exact search only, not "
+                                         f"--method {args.method}")
+    problem = Problem.of(cluster, model, training, objective=objective, samples=args.samples,
+                         seed=args.seed, constants=constants)
+    starts = []
+    for path in args.start:
+        start_plan = Plan.load(path)
+        problem.cost_model.evaluate(start_plan, source=path)  # PlanError naming the file
+        starts.append(start_plan)
 
     from rich.live import Live
     from rich.text import Text
@@ -201,12 +220,12 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         live = Live(Text("exact search: starting"), console=console, refresh_per_second=4,
                     transient=True)
         live.start()
-    problem = Problem.of(cluster, model, training, objective=objective, samples=args.samples,
-                         seed=args.seed, constants=constants)
     options: dict = {"time_limit": args.time_limit}
     if args.method != "local-search":
         options.update(workers=args.workers, budget=args.budget,
                        progress=(lambda p: live.update(line(p))) if live else None)
+    if args.method == "exact":
+        options.update(starts=starts, policy_start=not args.no_policy_start)
     try:
         solution = planning.plan(problem, args.method, **options)
     finally:
@@ -501,7 +520,9 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     "results.csv (per instance and method), summary.md (gap statistics, win "
                     "rates, latency) and gap_vs_size.png to --out. Gaps are T / T_exact - 1 "
                     "where exact proves the optimum, else T / T_best - 1 against the best plan "
-                    "any method found.")
+                    "any method found. When the suite has a reference file (hetpar reference), "
+                    "every row also has its gaps to the file's proven optimum, or to its bound "
+                    "and best plan.")
     ev.add_argument("--policy", metavar="FILE",
                     help="policy file from 'hetpar train' (default: the shipped policy)")
     ev.add_argument("--suite", required=True, metavar="SUITE",
@@ -529,6 +550,12 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", action="store_true",
                     help="print one JSON object (every row's result fields, as 'hetpar solve "
                          "--json' prints them) instead of the summary")
+    ev.add_argument("--reference", metavar="FILE",
+                    help="reference file of the suite (default: configs/references/SUITE.json "
+                         "when there is one): adds each method's gap to its proven optima, "
+                         "bounds and best plans")
+    ev.add_argument("--no-reference", action="store_true",
+                    help="ignore the suite's reference file")
     ev.set_defaults(func=_cmd_evaluate)
 
 
@@ -660,6 +687,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     if any(m.startswith("policy") for m in methods):
         from hetpar.agents.io import load_policy
         bundle = load_policy(args.policy)
+    reference = _evaluate_reference(args, suite)
 
     from rich import progress as rp
 
@@ -671,7 +699,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         result = evaluate(
             suite, args.n, methods, bundle=bundle, objective=args.objective,
             samples=args.samples, seed=args.seed, time_limit=args.time_limit,
-            workers=args.workers, beam=beam,
+            workers=args.workers, beam=beam, reference=reference,
             progress=lambda i, m: bar.update(task, advance=1),
             on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
     paths = write_outputs(result, out)
@@ -739,6 +767,138 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
         return 130
     console.print(f"run folder: {result.run_dir}  (tensorboard --logdir {result.run_dir.parent})")
     return 0
+
+
+def _evaluate_reference(args: argparse.Namespace, suite):  # noqa: ANN202 - References
+    """The reference file ``hetpar evaluate`` measures against: --reference, else the
+    suite's bundled one, else none (the gaps of before, to exact or the best found)."""
+    from hetpar.agents.reference import find_reference, load_references
+
+    if args.reference and args.no_reference:
+        raise ConfigError("--reference", "", "give --reference FILE or --no-reference, not both")
+    if args.no_reference:
+        return None
+    path = Path(args.reference) if args.reference else find_reference(suite)
+    return load_references(path) if path is not None else None
+
+
+# ---- hetpar reference: reference optima as data (hetpar/agents/reference.py) -------------------
+
+def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
+    from hetpar.agents.reference import DEFAULT_SEEDS
+
+    ref = sub.add_parser(
+        "reference", help="build or check a suite's reference optima (configs/references/)",
+        description="A reference file holds, per instance of a suite, the best plan known, "
+                    "its value, the lower bound the exact search proved and the gap, under "
+                    "one objective, sample count, seed and cost model; 'hetpar evaluate' "
+                    "measures every method against it. Format in configs/README.md section 9.")
+    rsub = ref.add_subparsers(dest="reference_command", metavar="ACTION")
+    rsub.required = True
+    b = rsub.add_parser(
+        "build", help="solve the first N instances of a suite into its reference file",
+        description="Solve instances 0 .. N-1: the seed methods, then exact with the time "
+                    "limit in a child process killed after a grace period; keep the best "
+                    "plan and exact's bound. The file is saved after every instance, so an "
+                    "interrupted build keeps what it finished and a re-run skips it.")
+    b.add_argument("suite", metavar="SUITE", help="bundled suite name or suite file")
+    b.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
+    b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="time limit of the exact search per instance (default 60)")
+    b.add_argument("--workers", type=int, default=1, metavar="W",
+                   help="worker processes of the exact search (default 1)")
+    b.add_argument("--out", metavar="FILE",
+                   help="reference file (default configs/references/SUITE.json)")
+    b.add_argument("--objective", default="mean", metavar="OBJ",
+                   help="objective (default mean, the shipped policy's)")
+    b.add_argument("--samples", type=int, default=None, metavar="K",
+                   help="bandwidth states per instance (default 16, 'hetpar evaluate''s)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
+    b.add_argument("--seeds", default=",".join(DEFAULT_SEEDS), metavar="METHODS",
+                   help=f"methods whose plans compete with exact's (default "
+                        f"{','.join(DEFAULT_SEEDS)}; a policy method such as 'policy' too)")
+    b.add_argument("--policy", metavar="FILE",
+                   help="policy file of a policy seed method (default: the shipped policy)")
+    b.add_argument("--grace", type=float, default=None, metavar="S",
+                   help="stop an exact search S seconds past its limit (default max(10, "
+                        "time limit))")
+    b.set_defaults(func=_cmd_reference_build)
+    c = rsub.add_parser(
+        "check", help="re-score every stored plan and report what is stale",
+        description="Re-score every stored plan under the current cost model and say which "
+                    "entries are stale (another cost model or suite in the header, an instance "
+                    "the suite no longer generates, an invalid plan, a value that moved); exit "
+                    "status 1 if any. The file is rewritten only with --update, which drops the "
+                    "stale entries for 'hetpar reference build' to solve again.")
+    c.add_argument("files", nargs="*", metavar="FILE",
+                   help="reference files (default: every configs/references/*.json)")
+    c.add_argument("--update", action="store_true",
+                   help="drop stale entries and rewrite the header for the current cost model")
+    c.set_defaults(func=_cmd_reference_check)
+
+
+def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.agents.reference import build
+    from hetpar.costmodel.objective import Objective
+    from hetpar.problem import POLICY_SAMPLES
+
+    Objective.parse(args.objective)
+    for flag, value in (("--n", args.n), ("--workers", args.workers),
+                        ("--samples", args.samples)):
+        if value is not None and value < 1:
+            raise ConfigError(flag, "", f"must be at least 1, got {value}")
+    if args.time_limit <= 0:
+        raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
+    if args.grace is not None and args.grace < 0:
+        raise ConfigError("--grace", "", f"must not be negative, got {args.grace:g}")
+    seeds = [m.strip() for m in args.seeds.split(",") if m.strip()]
+    from hetpar.problem.generator import load_suite
+
+    suite = load_suite(args.suite)
+
+    def log(line: str) -> None:
+        console.print(f"{suite.name} {line}", highlight=False, markup=False, soft_wrap=True)
+
+    report = build(suite, args.n, time_limit=args.time_limit, workers=args.workers,
+                   out=args.out, objective=args.objective,
+                   samples=args.samples if args.samples is not None else POLICY_SAMPLES,
+                   seed=args.seed, seeds=seeds, policy=args.policy, grace_s=args.grace,
+                   log=log)
+    refs = report.references
+    done = [refs.entries[i] for i in range(args.n) if i in refs.entries]
+    console.print(f"{len(report.solved)} solved, {len(report.skipped)} done before, in "
+                  f"{report.wall_s:.1f} s; {sum(e.optimal for e in done)} of {len(done)} proven "
+                  f"optimal; wrote {refs.path}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def _cmd_reference_check(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.agents.reference import check, default_path, drop_stale, load_references
+
+    files = [Path(f) for f in args.files] or sorted(default_path("x").parent.glob("*.json"))
+    if not files:
+        raise ConfigError(str(default_path("x").parent), "", "holds no reference files")
+    stale_files = 0
+    for path in files:
+        refs = load_references(path)
+        stale = check(refs)
+        if not stale:
+            console.print(f"{path}: {len(refs.entries)} entries, {refs.proven} proven optimal, "
+                          "all current", highlight=False, soft_wrap=True)
+            continue
+        stale_files += 1
+        console.print(f"{path}: {len(stale)} stale of {len(refs.entries)} entries",
+                      highlight=False, soft_wrap=True)
+        for s in stale:
+            where = "header" if s.index is None else f"#{s.index} {s.name}"
+            console.print(f"  {where}: {s.why}", highlight=False, markup=False, soft_wrap=True)
+        if args.update:
+            kept = drop_stale(refs, stale)
+            kept.save(path)
+            console.print(f"  updated: kept {len(kept.entries)} entries; "
+                          f"'hetpar reference build {refs.suite['name']} --out {path}' solves "
+                          "the rest again", highlight=False, markup=False, soft_wrap=True)
+    return 1 if stale_files and not args.update else 0
 
 
 # ---- hetpar replan: re-planning over a training run on a changing network (hetpar/dynamics/)

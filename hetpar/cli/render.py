@@ -130,8 +130,10 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
 
 # Which part of a method found its plan (``Solution.found_by``), in words; a method that
 # has a single part (the baselines, brute) says nothing more.
-_FOUND_BY = {"metis": "the Metis-style seed", "dive": "the dive",
-             "search": "the exhaustive search", "rollout": "the policy's rollout",
+_FOUND_BY = {"metis": "the Metis-style seed", "megatron": "the Megatron-style seed",
+             "start": "a start plan (--start)", "policy": "the policy (its plan a seed)",
+             "dive": "the dive", "search": "the exhaustive search",
+             "rollout": "the policy's rollout",
              "refine": "the refinement", "improve": "the structure search"}
 
 

@@ -18,8 +18,9 @@ that state and the wall time it took.
   planning time, ``exact-rt`` (realistic) pays it as stall.
 
 The time-limited exact search is ``solve(..., certify=False)``: a hard deadline, the
-Metis-style seed, no ranking of subtrees and no lower-bound bisection (those can run
-minutes past the limit on 16-GPU clusters, and a re-planner must decide in time).
+Metis-style and Megatron-style seeds (not the policy's plan), no ranking of subtrees and
+no lower-bound bisection (those can run minutes past the limit on 16-GPU clusters, and a
+re-planner must decide in time).
 
 The simulator (``simulator.py``) decides whether to switch to the candidate: only when the
 expected gain over the look-ahead window exceeds the migration cost, or when the current
@@ -159,8 +160,10 @@ class Planners:
         nothing fits."""
         start = time.perf_counter()
         try:
+            # Without the policy's plan as a start: this is the oracle the policy's
+            # strategy is measured against, and it must not load a policy per state.
             return planning.plan(problem, "exact", time_limit=self.time_limit_s,
-                                 certify=False)
+                                 certify=False, policy_start=False)
         except InfeasibleError:
             return _no_plan("exact", problem.objective, time.perf_counter() - start)
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
+from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (
+    SEEDS,
     Counters,
     InlineExecutor,
     LocalIncumbent,
@@ -34,9 +36,20 @@ from hetpar.solvers.exact import (
 from hetpar.problem import Certificate, Problem, Solution
 from hetpar.problem.space import PlanSpace, StageChoice
 
-__all__ = ["solve", "METHODS", "Progress"]
+__all__ = ["solve", "METHODS", "Progress", "Start"]
 
 METHODS = ("exact", "brute", "megatron", "metis", "random")
+
+# A start plan for the exact search: a plan (credited to "start" when it stands), or a
+# (part, plan) pair naming the part that made it (e.g. ("policy", plan)).
+Start = Plan | tuple[str, Plan]
+
+# A plan known before the search, as the search holds it: (value, plan, found_by).
+_Seed = tuple[float, Plan | None, str]
+_NO_SEED: _Seed = (math.inf, None, "")
+# The baselines exact runs as seeds. Of plans of equal value, theirs keep the credit: a
+# start is named only when it beats what the cheap heuristics found.
+_BASELINES = ("metis", "megatron")
 
 
 @dataclass(frozen=True)
@@ -53,13 +66,23 @@ class Progress:
 def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
           time_limit: float | None = None, budget: int = 200, rng_seed: int | None = None,
           progress: Callable[[Progress], None] | None = None,
-          executor: SearchExecutor | None = None, certify: bool = True) -> Solution:
+          executor: SearchExecutor | None = None, certify: bool = True,
+          starts: Iterable[Start] = ()) -> Solution:
     """Find a plan of ``problem`` with ``method``.
 
     ``exact`` proves optimality over the plan space (``time_limit`` makes it anytime);
     ``brute`` enumerates the space (tiny instances only); ``megatron``, ``metis`` and
     ``random`` (``budget`` plans drawn with ``rng_seed``, the problem's seed by default)
     are the baselines. Raises InfeasibleError when no plan of the space fits.
+
+    ``exact`` never answers worse than a baseline it could run: the Metis-style and the
+    Megatron-style plans seed its incumbent, and so do ``starts`` (exact only): plans
+    valid for the problem's cluster, model and training spec (PlanError otherwise), in
+    the plan space or not. A plan outside the space prunes like any other, since the
+    answer is the best of the seeds and the search: ``found_by`` then names the seed
+    (``metis``, ``megatron``, ``start`` or the pair's part, e.g. ``policy``), else
+    ``dive`` or ``search``. Of plans of equal value the first in this order keeps the
+    credit: metis, megatron, the starts in their order, the dive, the search.
 
     ``certify=False`` (exact only) makes ``time_limit`` a hard deadline for a caller that
     must decide in time (the re-planner): the same branch and bound seeded by the
@@ -68,6 +91,7 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     bound is then the compute floor). Those steps can run minutes past the limit on
     16-GPU clusters.
     """
+    starts = tuple(starts)
     if method not in METHODS:
         raise ConfigError("", "method", f"unknown method {method!r} (known: {', '.join(METHODS)})")
     if workers < 1:
@@ -75,6 +99,9 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     if not certify and (method != "exact" or workers != 1 or executor is not None):
         raise ConfigError("", "certify", "certify=False is an option of the exact search "
                                          "in this process (method exact, one worker)")
+    if starts and method != "exact":
+        raise ConfigError("", "starts", f"start plans seed the exact search only, not "
+                                        f"method {method!r}")
     start = time.perf_counter()
     problem.check_fits_somewhere()
     cm, space, obj = problem.cost_model, problem.space, problem.objective
@@ -89,7 +116,10 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
             kwargs["budget"] = budget
         sol = fn(cm, space, obj, **kwargs)
     else:
-        sol = _exact(cm, space, obj, workers, time_limit, progress, executor, certify)
+        t0 = time.perf_counter()
+        seeds = _score_starts(problem, starts)
+        sol = _exact(cm, space, obj, workers, time_limit, progress, executor, certify, seeds,
+                     time.perf_counter() - t0)
     # wall_s counts the problem's setup (cost model, space, the fit check) too.
     return replace(sol, found_by=sol.found_by or (method if sol.found else ""),
                    inputs=problem.describe(), wall_s=time.perf_counter() - start,
@@ -100,6 +130,27 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
 # it roughly, and every target tried builds bound tables the search never asks for
 # (docs/history/solvers-rounds.md has the measurements behind these choices).
 RANK_STEPS = 3
+
+
+def _taken(task: Task) -> int:
+    """GPUs the task's prefix takes: the fewer, the more left free below it (the same
+    order as the free GPUs' sum, without building each task's free tuple: hundreds of
+    thousands of first stages on a large cluster)."""
+    return sum(st.gpus for st in task.prefix)
+
+
+def report_grace(time_limit: float | None) -> float:
+    """How far past its time limit a stopped exact search may run to bound the optimum
+    from below (a tenth of the limit, 2 to 5 s): the limit's promise is the limit plus
+    this grace."""
+    return min(max(0.1 * time_limit, 2.0), 5.0) if time_limit else math.inf
+
+
+def answer_grace(time_limit: float | None) -> float:
+    """How far past ``time_limit`` an exact search may answer: the lower bound's grace
+    (``report_grace``) and one second for the rest (closing the worker pool, the final
+    report). ``benchmarks/time_limits.py`` measures the promise."""
+    return report_grace(time_limit) + 1.0
 
 # More first-stage choices than this and the search cannot even list its first level.
 MAX_FIRST_STAGES = 500_000
@@ -114,22 +165,62 @@ def _compute_floor(cm: CostModel) -> float:
     return cm.model_flops_per_iter / rate if rate > 0 else 0.0
 
 
+def _score_starts(problem: Problem, starts: tuple[Start, ...]) -> list[_Seed]:
+    """The start plans as seeds, each checked against the problem's cluster, model and
+    training spec (PlanError naming it) and scored by the problem."""
+    seeds: list[_Seed] = []
+    for i, item in enumerate(starts):
+        by, plan = item if isinstance(item, tuple) else ("start", item)
+        if not isinstance(plan, Plan):
+            raise ConfigError("", f"starts[{i}]", f"not a plan: {type(plan).__name__}")
+        problem.cost_model.evaluate(plan, source=f"start plan {i + 1} ({by})")  # validates
+        seeds.append((problem.value(plan), plan, by))
+    return seeds
+
+
+def _best_seed(seeds: Iterable[_Seed]) -> _Seed:
+    """The least value; of equal ones the first (it keeps the credit)."""
+    best = _NO_SEED
+    for seed in seeds:
+        if seed[1] is not None and seed[0] < best[0]:
+            best = seed
+    return best
+
+
+def _baseline_seeds(cm: CostModel, space: PlanSpace, obj: Objective,
+                    timings: dict[str, float]) -> list[_Seed]:
+    """The Metis-style and Megatron-style plans as seeds, each part's seconds in
+    ``timings``. Megatron's may lie outside the space: a stage may mix GPU types."""
+    from hetpar.solvers import baselines
+
+    out: list[_Seed] = []
+    for name in _BASELINES:
+        t0 = time.perf_counter()
+        sol = getattr(baselines, name)(cm, space, obj)
+        timings[name] = time.perf_counter() - t0
+        out.append((sol.value, sol.plan, name) if sol.found else _NO_SEED)
+    return out
+
+
 def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
            time_limit: float | None, progress: Callable[[Progress], None] | None,
-           executor: SearchExecutor | None, certify: bool = True) -> Solution:
+           executor: SearchExecutor | None, certify: bool = True,
+           starts: list[_Seed] | None = None, starts_s: float = 0.0) -> Solution:
+    timings = {"starts": starts_s} if starts else {}
     with few_collections():
         return _exact_search(cm, space, obj, workers, time_limit, progress, executor,
-                             certify)
+                             certify, starts or [], timings)
 
 
 def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   time_limit: float | None, progress: Callable[[Progress], None] | None,
-                  executor: SearchExecutor | None, certify: bool = True) -> Solution:
+                  executor: SearchExecutor | None, certify: bool, starts: list[_Seed],
+                  timings: dict[str, float]) -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
-    # A good first incumbent prunes from the first node on: the Metis-style heuristic's
-    # plan, which lies in the space.
-    from hetpar.solvers.baselines import metis
+    # A good first incumbent prunes from the first node on: the start plans', the
+    # Metis-style heuristic's (which lies in the space) and the Megatron-style one's,
+    # whichever is best (the answer is never worse than any of them).
     first_level = space.count_stage_choices(space.capacity)
     if first_level > MAX_FIRST_STAGES:
         # Listing the first stages alone would exhaust memory (tens of millions of ways to
@@ -138,30 +229,32 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
             raise HetparError(
                 f"exact search: {first_level:,} possible first stages on this cluster, more "
                 f"than the {MAX_FIRST_STAGES:,} it can enumerate; give a time limit to get the "
-                "best plan found (the Metis-style seed) with a lower bound")
-        seed = metis(cm, space, obj)
-        seed_value = seed.value if seed.found else math.inf
+                "best of the seeds (start plans, Metis- and Megatron-style) with a lower "
+                "bound")
+        seed_value, seed_plan, seed_source = _best_seed(
+            [*_baseline_seeds(cm, space, obj, timings), *starts])
         wall = time.perf_counter() - start
         floor = _compute_floor(cm)
         cert = Certificate(optimal=False, lower_bound=min(floor, seed_value), nodes=0,
                            leaves=0, space_size=float(first_level), space_size_exact=False,
                            wall_s=wall, workers=workers, stopped="space too large")
-        return Solution("exact", obj.name, seed.plan if seed.found else None, seed.estimate,
-                        seed_value, wall, evaluations=0, certificate=cert,
-                        found_by="metis" if seed.found else "")
+        return Solution("exact", obj.name, seed_plan, _estimate(cm, seed_plan), seed_value,
+                        wall, evaluations=0, certificate=cert, found_by=seed_source,
+                        timings=timings, details=_details(starts))
     if not certify:
-        return _deadline_search(cm, space, obj, time_limit)
+        return _deadline_search(cm, space, obj, time_limit, starts, timings)
     # A dive over a few deep-pipeline structures with a local search over them: an
     # incumbent near the optimum before the exhaustive search prunes far more than the
     # heuristic's plan; a tenth of the time limit at most, from its start.
     dive_budget = 0.1 * time_limit if time_limit else 30.0
-    seed_value, seed_plan, seed_source = math.inf, None, ""
+    seed_value, seed_plan, seed_source = _best_seed(starts)
     if workers == 1:
-        seed = metis(cm, space, obj)
-        if seed.found:
-            seed_value, seed_plan, seed_source = seed.value, seed.plan, "metis"
+        seed_value, seed_plan, seed_source = _best_seed(
+            [*_baseline_seeds(cm, space, obj, timings), (seed_value, seed_plan, seed_source)])
+        t0 = time.perf_counter()
         dive_value, dive_plan = dive(SearchProblem(cm, space, obj, deadline, seed_value),
                                      time.time() + dive_budget, seed_value)
+        timings["dive"] = time.perf_counter() - t0
         if dive_plan is not None and dive_value < seed_value:
             seed_value, seed_plan, seed_source = dive_value, dive_plan, "dive"
     problem = SearchProblem(cm, space, obj, deadline, seed_value)
@@ -188,7 +281,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                     order_bounds, ranker.combos, t.prefix[:1],
                     space.take(space.capacity, t.prefix[0]), seed_value, steps=RANK_STEPS,
                     until=rank_until)
-        tasks.sort(key=lambda t: (rank.get(t.prefix[0], math.inf), -sum(t.free(space))))
+        tasks.sort(key=lambda t: (rank.get(t.prefix[0], math.inf), _taken(t)))
     else:
         # Several workers finish together only if the largest subtrees start first: the
         # first stages that leave the most GPUs free root the largest ones (started late,
@@ -198,13 +291,13 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # worker, each part the subtrees of every n-th GPU count of the next stage: a
         # worker's subtrees then share its bound tables (one task per subtree spread
         # siblings over the workers, and each rebuilt the tables the other had built).
-        tasks.sort(key=lambda t: -sum(t.free(space)))
+        tasks.sort(key=_taken)
         if tasks:
             tasks = split_task(problem, tasks[0], parts=workers) + tasks[1:]
         # The seeds run on the workers too, first: a worker starts on the subtrees once
         # its seed is done (the incumbent it leaves prunes them), and the dive offers each
         # plan it finds at once (run before the pool, they kept every worker idle).
-        tasks = [Task((), seed="metis"),
+        tasks = [Task((), seed="metis"), Task((), seed="megatron"),
                  Task((), seed="dive", until=time.time() + dive_budget)] + tasks
     if executor is None:
         if workers > 1:
@@ -214,18 +307,28 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
             executor = InlineExecutor()
     results: dict[int, TaskResult] = {}
     counters = Counters()
-    # Which part found the best plan: a seed ("metis", "dive") or the exhaustive search.
+    # Which part found the best plan: a start, a seed ("metis", "megatron", "dive") or
+    # the exhaustive search.
     best = (seed_value, seed_plan, seed_source)
+    # Whether ``best`` is a start plan that a baseline's seed task may tie and take the
+    # credit from (on one worker the baselines ran already).
+    start_held = workers > 1 and seed_plan is not None
+    # The parts run here before the search (the starts were scored before ``start``).
+    caller_s = sum(v for k, v in timings.items() if k != "starts")
     subtrees = sum(1 for t in tasks if not t.seed)  # the progress counts these, not seeds
     subtrees_done = 0
 
     def on_result(i: int, res: TaskResult) -> None:
-        nonlocal best, subtrees_done
+        nonlocal best, subtrees_done, start_held
         results[i] = res
         subtrees_done += not tasks[i].seed
         counters.add(res.counters)
-        if res.value < best[0]:
+        if tasks[i].seed:
+            timings[tasks[i].seed] = res.wall_s
+        if res.plan is not None and (res.value < best[0] or (
+                res.value == best[0] and start_held and tasks[i].seed in _BASELINES)):
             best = (res.value, res.plan, tasks[i].seed or "search")
+            start_held = False
         if progress is not None:
             progress(Progress(subtrees_done, subtrees, counters.nodes,
                               min(best[0], executor.incumbent()),
@@ -236,6 +339,12 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         executor.run(problem, tasks, on_result, order_bounds)
     except KeyboardInterrupt:
         stopped = "interrupted"
+    if not stopped:
+        # The baselines' plans are part of the answer whatever the executor did with their
+        # tasks (e.g. cancelled at the deadline before a worker took them).
+        for i, task in enumerate(tasks):
+            if task.seed in _BASELINES and i not in results:
+                on_result(i, search_subtree(problem, task, LocalIncumbent()))
     if not stopped and (len(results) < len(tasks) or not all(r.finished for r in results.values())):
         stopped = "time limit"
     value, plan, found_by = best
@@ -251,8 +360,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   if task.prefix and (i not in results or not results[i].finished)}
         # The report may overrun the limit by a little only: subtrees left unbounded
         # when that grace is spent get the trivial bound 0.
-        grace_until = time.perf_counter() + (min(max(0.1 * time_limit, 2.0), 5.0)
-                                             if time_limit else math.inf)
+        grace_until = time.perf_counter() + report_grace(time_limit)
         # One bound covers every plan: it is the floor under every subtree's (first, with
         # half of the grace, so that no subtree is left at the trivial bound 0).
         root_until = min(grace_until, time.perf_counter() + 0.5 * (grace_until
@@ -268,9 +376,11 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                                                       space.take(space.capacity, first[0]),
                                                       value, steps=10, until=grace_until))
             lb = min(lb, known)
-        lb = max(lb, root, _compute_floor(cm))
+        # Capped at the answer: a start outside the space may beat every plan in it.
+        lb = min(max(lb, root, _compute_floor(cm)), value)
     else:
         lb = value
+    timings["search"] = max(0.0, time.perf_counter() - start - caller_s)
     size, exact_size = estimate_space_size(space, probes=64)
     cert = Certificate(optimal=not stopped and math.isfinite(value), lower_bound=lb,
                        nodes=counters.nodes, leaves=counters.leaves,
@@ -280,25 +390,37 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                        stopped=stopped)
     if plan is None and not stopped:
         raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
-    est = cm.evaluate(plan) if plan is not None else None
-    return Solution("exact", obj.name, plan, est, value, wall, evaluations=counters.leaves,
-                    certificate=cert, found_by=found_by if plan is not None else "")
+    # Seed tasks report in the order they end: the parts are listed in one order.
+    timings = {k: timings[k] for k in ("starts", *SEEDS, "search") if k in timings}
+    return Solution("exact", obj.name, plan, _estimate(cm, plan), value, wall,
+                    evaluations=counters.leaves, certificate=cert,
+                    found_by=found_by if plan is not None else "", timings=timings,
+                    details=_details(starts))
+
+
+def _estimate(cm: CostModel, plan: Plan | None) -> Any:
+    return cm.evaluate(plan) if plan is not None else None
+
+
+def _details(starts: list[_Seed]) -> dict[str, Any]:
+    """The start plans' values, by the part that made each (for the report)."""
+    return {"starts": [{"found_by": by, "value_s": v} for v, _, by in starts]} if starts else {}
 
 
 def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
-                     time_limit: float | None) -> Solution:
+                     time_limit: float | None, starts: list[_Seed],
+                     timings: dict[str, float]) -> Solution:
     """``solve(certify=False)``: the exact search under a hard deadline (see ``solve``).
 
     The re-planner's plans must not change with this driver's other modes, so this is
-    the search it has always run: the Metis-style seed, then the first-stage subtrees in
-    ``root_tasks`` order, none started once the deadline has passed."""
-    from hetpar.solvers.baselines import metis
-
+    the search it has always run: the seeds (the start plans, the Metis-style and the
+    Megatron-style plans), then the first-stage subtrees in ``root_tasks`` order, none
+    started once the deadline has passed."""
     start = time.perf_counter()
-    seed = metis(cm, space, obj)
-    best_v, best_p = (seed.value, seed.plan) if seed.found else (math.inf, None)
-    found_by = "metis" if seed.found else ""
-    # The deadline counts from after the seed, as it always has for the re-planner.
+    best_v, best_p, found_by = _best_seed([*_baseline_seeds(cm, space, obj, timings),
+                                           *starts])
+    caller_s = sum(v for k, v in timings.items() if k != "starts")
+    # The deadline counts from after the seeds, as it always has for the re-planner.
     deadline = time.time() + time_limit if time_limit else math.inf
     problem = SearchProblem(cm, space, obj, deadline, best_v)
     incumbent = LocalIncumbent(best_v)
@@ -315,6 +437,7 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
         if res.plan is not None and res.value < best_v:
             best_v, best_p, found_by = res.value, res.plan, "search"
     wall = time.perf_counter() - start
+    timings["search"] = max(0.0, wall - caller_s)
     if best_p is None and finished:
         raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
     # Without the bisection the only bound of an unfinished search is the compute floor.
@@ -324,7 +447,7 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
                        pruned_bound=counters.pruned_bound, pruned_memory=counters.pruned_memory,
                        pruned_symmetry=counters.pruned_symmetry, wall_s=wall, workers=1,
                        stopped="" if finished else "time limit")
-    est = cm.evaluate(best_p) if best_p is not None else None
-    return Solution("exact", obj.name, best_p, est, best_v, wall,
+    return Solution("exact", obj.name, best_p, _estimate(cm, best_p), best_v, wall,
                     evaluations=counters.leaves, certificate=cert,
-                    found_by=found_by if best_p is not None else "")
+                    found_by=found_by if best_p is not None else "", timings=timings,
+                    details=_details(starts))

@@ -113,6 +113,7 @@ class TaskResult:
     plan: Plan | None
     counters: Counters
     finished: bool
+    wall_s: float = 0.0  # a seed task's own seconds (its part of the answer's timings)
 
 
 class _Stop(Exception):
@@ -654,7 +655,7 @@ def _proportional(total: int, speed: list[float], caps: list[int]) -> tuple[int,
 
 # ---- tasks and executors -------------------------------------------------------------
 
-SEEDS = ("metis", "dive")
+SEEDS = ("metis", "megatron", "dive")
 
 
 @dataclass(frozen=True)
@@ -662,9 +663,10 @@ class Task:
     """One independent piece of the search: every plan whose pipeline starts with
     ``prefix`` (``expand``), or only the prefix closed as a pipeline (not ``expand``:
     its extensions are other tasks); or, with ``seed`` (one of ``SEEDS``), a heuristic
-    that offers its plan as an incumbent (the Metis-style baseline, or the ``dive``
-    until the wall-clock time ``until``). Run on the workers instead of before them,
-    seeds keep every worker busy from the start (they were 13-18% of a proof on two)."""
+    that offers its plan as an incumbent (the Metis-style or Megatron-style baseline, or
+    the ``dive`` until the wall-clock time ``until``). Run on the workers instead of
+    before them, seeds keep every worker busy from the start (they were 13-18% of a proof
+    on two)."""
 
     prefix: tuple[StageChoice, ...]
     expand: bool = True
@@ -896,6 +898,11 @@ def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],
         task = Task(tuple(task))
     if task.seed:
         return _run_seed(problem, task, incumbent, stop)
+    if time.time() > problem.deadline:
+        # Past the limit a task is answered unfinished before any bound is built: with
+        # thousands of first stages queued, building each one's root bound outran the
+        # limit many times over.
+        return TaskResult(math.inf, None, Counters(), False)
     s = Searcher(problem, incumbent, bounds)
     space = problem.space
     free = space.capacity
@@ -935,12 +942,15 @@ def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],
 def _run_seed(problem: SearchProblem, task: Task, incumbent: Incumbent,
               stop: Callable[[], bool] | None = None) -> TaskResult:
     """A seed task: the heuristic's plan, offered to the incumbent. ``stop``: the dive
-    ends when it returns True."""
+    ends when it returns True. The Megatron-style plan may lie outside the space (a stage
+    may mix GPU types): its value still prunes, since the answer is the best of every
+    task's plan, the seeds' included."""
+    start = time.perf_counter()
     plan: Plan | None = None
     value = math.inf
-    if task.seed == "metis":
-        from hetpar.solvers.baselines import metis
-        sol = metis(problem.cm, problem.space, problem.objective)
+    if task.seed in ("metis", "megatron"):
+        from hetpar.solvers import baselines
+        sol = getattr(baselines, task.seed)(problem.cm, problem.space, problem.objective)
         if sol.found:
             value, plan = sol.value, sol.plan
     elif task.seed == "dive":
@@ -949,7 +959,7 @@ def _run_seed(problem: SearchProblem, task: Task, incumbent: Incumbent,
         raise ValueError(f"unknown seed task {task.seed!r} (known: {', '.join(SEEDS)})")
     if plan is not None:
         incumbent.offer(value)
-    return TaskResult(value, plan, Counters(), True)
+    return TaskResult(value, plan, Counters(), True, time.perf_counter() - start)
 
 
 class SearchExecutor(Protocol):

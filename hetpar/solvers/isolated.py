@@ -40,6 +40,13 @@ class IsolatedResult:
     gap: float = math.inf  # ``Solution.gap``: 0 when the proven bound meets the value
     wall_s: float | None = None  # seconds of the solve call (None: the child did not answer)
     error: str = ""  # "" when fine
+    # What a caller that keeps the answer needs (``hetpar reference build``): the plan
+    # (``Plan.to_dict``), the proven bound, the part that found the plan and why the
+    # search stopped early ("" when it did not).
+    plan: dict[str, Any] | None = None
+    lower_bound: float | None = None
+    found_by: str = ""
+    stopped: str = ""
 
 
 def run_isolated(problem: Problem, methods: tuple[str, ...] = ("exact",), *,
@@ -151,9 +158,10 @@ def _child(conn: Any, problem: Problem, methods: tuple[str, ...], time_limit: fl
             sol = solve(problem, method, workers=workers if method == "exact" else 1,
                         time_limit=time_limit if method == "exact" else None)
             out.update(wall_s=time.perf_counter() - start, optimal=sol.optimal,
-                       gap=sol.gap)
-            if sol.found:
-                out["value"] = sol.value
+                       gap=sol.gap, lower_bound=sol.lower_bound, found_by=sol.found_by,
+                       stopped=sol.certificate.stopped if sol.certificate else "")
+            if sol.found and sol.plan is not None:
+                out.update(value=sol.value, plan=sol.plan.to_dict())
             else:
                 out["error"] = "no plan found"
         except HetparError as exc:

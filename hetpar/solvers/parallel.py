@@ -8,8 +8,10 @@ plan found by one worker prunes the others at once.
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing as mp
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -41,6 +43,9 @@ class SharedIncumbent:
             if value < self.cell.value:  # type: ignore[attr-defined]
                 self.cell.value = value  # type: ignore[attr-defined]
 
+
+# Tasks in flight per worker: enough that a worker never waits for its next task.
+_IN_FLIGHT = 4
 
 # One per worker process, set by the pool's initializer: the problem travels to each
 # worker once instead of with every task.
@@ -80,10 +85,22 @@ class ProcessExecutor:
         pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(problem, self._cell, subtrees_done))
         try:
+            # Tasks go out a few per worker at a time: submitting hundreds of thousands of
+            # first stages at once kept the caller busy for longer than a time limit, and
+            # past the deadline a task not yet sent is simply not sent.
+            # The seeds go out whatever the clock says: their plans are the answer of a
+            # search stopped before its first subtree.
             pending: dict[Future, int] = {pool.submit(_run_task, t): i
-                                          for i, t in enumerate(tasks)}
+                                          for i, t in enumerate(tasks) if t.seed}
+            queue = ((i, t) for i, t in enumerate(tasks) if not t.seed)
+            window = _IN_FLIGHT * self.workers
             subtrees = sum(1 for t in tasks if not t.seed)
-            while pending:
+            while True:
+                if time.time() <= problem.deadline:
+                    for i, t in itertools.islice(queue, max(0, window - len(pending))):
+                        pending[pool.submit(_run_task, t)] = i
+                if not pending:
+                    break
                 done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
                     i = pending.pop(fut)

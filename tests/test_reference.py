@@ -1,0 +1,260 @@
+"""Reference optima as data: ``hetpar reference build`` / ``check`` and ``hetpar evaluate``'s
+gaps to a reference file (hetpar/agents/reference.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import assert_one_line_error, run
+from hetpar.agents import reference
+from hetpar.agents.evaluate import CSV_COLUMNS, REFERENCE_COLUMNS
+from hetpar.agents.reference import (FORMAT, build, check, instance_digest, load_references,
+                                     suite_id)
+from hetpar.configio import bundled_dir
+from hetpar.costmodel.constants import load_constants
+from hetpar.costmodel.version import COST_MODEL_VERSION, constants_digest, cost_model_id
+from hetpar.plan import Plan
+from hetpar.problem import Problem
+from hetpar.problem.generator import load_suite
+
+LIMIT = 1.0  # seconds of exact search per instance: enough for a bound, not always a proof
+SEEDS = ("metis", "megatron")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A reference file of the first two tiny instances."""
+    path = tmp_path_factory.mktemp("ref") / "tiny.json"
+    report = build("tiny", 2, time_limit=LIMIT, out=path, seeds=SEEDS)
+    assert report.solved == [0, 1] and not report.skipped
+    return path
+
+
+@pytest.fixture
+def copy(built, tmp_path) -> Path:
+    out = tmp_path / "tiny.json"
+    shutil.copy(built, out)
+    return out
+
+
+def _edit(path: Path, change) -> None:  # noqa: ANN001 - a function of the document
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_built_file_holds_the_header_and_an_honest_entry_per_instance(built):
+    doc = json.loads(built.read_text())
+    assert doc["format"] == FORMAT and doc["version"] == 1
+    suite = load_suite("tiny")
+    assert doc["suite"] == suite_id(suite) and doc["suite"]["seed"] == 7
+    assert doc["cost_model"] == {"version": COST_MODEL_VERSION,
+                                 "constants_digest": constants_digest()}
+    assert (doc["objective"], doc["samples"], doc["seed"]) == ("mean", 16, 0)
+    refs = load_references(built)
+    assert sorted(refs.entries) == [0, 1]
+    for i, e in refs.entries.items():
+        inst = suite.instance(i)
+        assert e.name == inst.name and e.instance_digest == instance_digest(inst)
+        assert e.time_limit_s == LIMIT and e.workers == 1 and e.wall_s > 0
+        problem = Problem.from_instance(inst, samples=16, seed=0)
+        # The stored value is the stored plan's, and no seed did better.
+        assert e.value_s == pytest.approx(problem.value(Plan.from_dict(e.plan)), rel=1e-12)
+        assert all(v is None or e.value_s <= v * (1 + 1e-9) for v in e.seeds.values())
+        assert set(e.seeds) == set(SEEDS) and e.found_by
+        assert e.lower_bound_s is not None and 0 < e.lower_bound_s <= e.value_s * (1 + 1e-9)
+        assert e.optimal == (e.gap == 0.0)
+        assert e.gap == pytest.approx(max(0.0, e.value_s / e.lower_bound_s - 1), abs=1e-12)
+        assert e.optimal or e.exact["stopped"]
+
+
+def test_check_passes_on_a_fresh_build(capsys, built):
+    assert check(load_references(built)) == []
+    code, out, err = run(capsys, "reference", "check", built)
+    assert code == 0, err
+    assert "all current" in out
+
+
+def test_tampered_value_is_stale_and_the_file_unchanged_without_update(capsys, copy):
+    _edit(copy, lambda d: d["instances"][0].update(value_s=d["instances"][0]["value_s"] * 1.01))
+    before = copy.read_bytes()
+    code, out, err = run(capsys, "reference", "check", copy)
+    assert code == 1, (out, err)
+    assert "1 stale" in out and "#0 tiny-0" in out and "stored" in out
+    assert "#1" not in out
+    assert copy.read_bytes() == before
+    # --update drops the stale entry; what is left checks clean.
+    code, out, err = run(capsys, "reference", "check", copy, "--update")
+    assert code == 0, err
+    assert sorted(load_references(copy).entries) == [1]
+    code, out, _ = run(capsys, "reference", "check", copy)
+    assert code == 0 and "all current" in out
+
+
+def test_invalid_plan_and_foreign_instance_are_stale(copy):
+    def tamper(doc):
+        doc["instances"][0]["plan"]["stages"][0]["replicas"][0]["host"] = "no-such-host"
+        doc["instances"][1]["instance_digest"] = "sha256:0000000000000000"
+    _edit(copy, tamper)
+    stale = {s.index: s.why for s in check(load_references(copy))}
+    assert set(stale) == {0, 1}
+    assert stale[0].startswith("plan invalid") and "no longer generates" in stale[1]
+
+
+def test_other_cost_model_makes_the_header_stale(copy):
+    stale = check(load_references(copy), cost_model={**cost_model_id(), "version": -1})
+    assert [s.index for s in stale] == [None]
+    assert "cost_model.version" in stale[0].why
+
+
+def test_interrupted_build_keeps_what_it_finished_and_a_rerun_skips_it(capsys, tmp_path):
+    path = tmp_path / "tiny.json"
+    code, out, err = run(capsys, "reference", "build", "tiny", "--n", "1", "--time-limit",
+                         LIMIT, "--seeds", ",".join(SEEDS), "--out", path)
+    assert code == 0, err
+    assert "#0 tiny-0" in out and "1 solved, 0 done before" in out
+    first = load_references(path).entries[0]
+    code, out, err = run(capsys, "reference", "build", "tiny", "--n", "2", "--time-limit",
+                         LIMIT, "--seeds", ",".join(SEEDS), "--out", path)
+    assert code == 0, err
+    assert "#0 tiny-0: done before, skipped" in out and "1 solved, 1 done before" in out
+    refs = load_references(path)
+    assert sorted(refs.entries) == [0, 1] and refs.entries[0] == first
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_build_stopped_mid_instance_keeps_the_finished_ones(monkeypatch, copy):
+    _edit(copy, lambda d: d["instances"].pop())  # instance 1 not done yet
+    done = copy.read_bytes()
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reference, "solve_instance", stop)
+    with pytest.raises(KeyboardInterrupt):
+        build("tiny", 2, time_limit=LIMIT, out=copy, seeds=SEEDS)
+    assert sorted(load_references(copy).entries) == [0]
+    assert json.loads(copy.read_bytes()) == json.loads(done)
+
+
+def test_build_into_a_file_of_other_settings_is_refused(capsys, copy):
+    code, _, err = run(capsys, "reference", "build", "tiny", "--n", "2", "--time-limit", LIMIT,
+                       "--objective", "p90", "--out", copy)
+    assert_one_line_error(code, err, str(copy), "objective", "mean", "p90")
+
+
+def _evaluate(capsys, tmp_path, *extra):
+    return run(capsys, "evaluate", "--suite", "tiny", "--n", "2", "--methods",
+               "metis,megatron", "--out", tmp_path / "ev", *extra)
+
+
+@pytest.mark.parametrize("change,field,needles", [
+    (None, "objective", ("built for objective mean, not p90",)),
+    (lambda d: d["cost_model"].update(version=0), "cost_model.version",
+     ("cost-model version 0, not",)),
+    (lambda d: d["cost_model"].update(constants_digest="sha256:x"),
+     "cost_model.constants_digest", ("sha256:x",)),
+    (lambda d: d["suite"].update(seed=8), "suite.seed", ("suite seed 8, not 7",)),
+    (lambda d: d.update(samples=4), "samples", ("samples 4, not 16",)),
+])
+def test_evaluate_refuses_a_mismatched_reference_in_one_line(capsys, copy, tmp_path, change,
+                                                             field, needles):
+    extra: tuple = ("--objective", "p90") if change is None else ()
+    if change is not None:
+        _edit(copy, change)
+    code, _, err = _evaluate(capsys, tmp_path, "--reference", copy, *extra)
+    assert_one_line_error(code, err, str(copy), f": {field}: ", "--no-reference", *needles)
+    assert not (tmp_path / "ev").exists()
+
+
+def test_evaluate_refuses_a_stale_plan(capsys, copy, tmp_path):
+    _edit(copy, lambda d: d["instances"][1].update(value_s=d["instances"][1]["value_s"] * 2))
+    code, _, err = _evaluate(capsys, tmp_path, "--reference", copy)
+    assert_one_line_error(code, err, "instances[1]", "stale", "hetpar reference check")
+
+
+def test_evaluate_refuses_an_invalid_plan(capsys, copy, tmp_path):
+    _edit(copy, lambda d: d["instances"][0]["plan"]["stages"][0]["replicas"][0].update(
+        host="no-such-host"))
+    code, _, err = _evaluate(capsys, tmp_path, "--reference", copy)
+    assert_one_line_error(code, err, str(copy), "instances[0].plan", "no-such-host")
+
+
+def test_evaluate_reports_gaps_to_the_reference(capsys, copy, tmp_path):
+    code, out, err = _evaluate(capsys, tmp_path, "--reference", copy)
+    assert code == 0, err
+    assert "Gaps to the reference file" in out and "gap to optimum" in out
+    with (tmp_path / "ev" / "results.csv").open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == CSV_COLUMNS + REFERENCE_COLUMNS
+        statuses = [r["ref_status"] for r in reader]
+    # The figures from results.json (results.csv rounds to 6 digits).
+    doc = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert doc["reference_file"] == str(copy)
+    rows = doc["rows"]
+    assert [r["ref_status"] for r in rows] == statuses and len(rows) == 4
+    refs = load_references(copy)
+    for r in rows:
+        e = refs.entries[r["index"]]
+        value = r["value_s"]
+        assert r["ref_value_s"] == e.value_s
+        if e.optimal:
+            assert r["ref_status"] == "optimal" and r["gap_to_bound"] is None
+            assert r["gap_to_optimum"] == pytest.approx(value / e.value_s - 1, abs=1e-12)
+            assert value >= e.value_s * (1 - 1e-9)
+        else:
+            assert r["ref_status"] == "bounded" and r["gap_to_optimum"] is None
+            assert r["gap_to_bound"] == pytest.approx(value / e.lower_bound_s - 1, abs=1e-12)
+            assert r["gap_to_ref_best"] == pytest.approx(value / e.value_s - 1, abs=1e-12)
+            assert r["gap_to_bound"] >= r["gap_to_ref_best"]  # the bound's gap bounds it
+
+
+def test_evaluate_finds_the_suite_reference_by_default(capsys, copy, tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "default_path", lambda name: copy.with_name(f"{name}.json"))
+    code, out, err = _evaluate(capsys, tmp_path)
+    assert code == 0, err
+    assert f"Gaps to the reference file `{copy}`" in out
+    # --no-reference, or no file for the suite: the output of before.
+    for extra in (("--no-reference",), ()):
+        if not extra:
+            monkeypatch.setattr(reference, "default_path", lambda name: tmp_path / "none.json")
+        shutil.rmtree(tmp_path / "ev")
+        code, out, err = _evaluate(capsys, tmp_path, *extra)
+        assert code == 0, err
+        assert "Gaps to the reference file" not in out
+        with (tmp_path / "ev" / "results.csv").open(newline="") as fh:
+            assert tuple(csv.DictReader(fh).fieldnames or ()) == CSV_COLUMNS
+
+
+def test_malformed_reference_file_is_one_line(capsys, tmp_path, copy):
+    _edit(copy, lambda d: d.update(format="something-else"))
+    code, _, err = _evaluate(capsys, tmp_path, "--reference", copy)
+    assert_one_line_error(code, err, str(copy), "format")
+    code, _, err = run(capsys, "reference", "check", tmp_path / "missing.json")
+    assert_one_line_error(code, err, "missing.json", "no such file")
+
+
+def test_constants_digest_follows_the_constants():
+    consts = load_constants()
+    assert constants_digest(consts) == constants_digest()
+    other = consts.with_framework("megatron-lm", net_efficiency=0.5)
+    assert constants_digest(other) != constants_digest(consts)
+
+
+SHIPPED = sorted((bundled_dir() / "references").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_reference_files_are_current(path):
+    """Every shipped file re-scores as stored under this cost model: after a change to the
+    cost model, run 'hetpar reference check --update' and rebuild (docs/solvers.md)."""
+    refs = load_references(path)
+    assert refs.suite["name"] == path.stem
+    assert check(refs) == []
+    assert all(math.isfinite(e.value_s) for e in refs.entries.values())

@@ -57,3 +57,25 @@ def test_reference_values_use_the_default_seed_and_cache_it(inst, tmp_path: Path
     assert ref.metis == solve(problem, "metis").value
     assert reference_problem(inst, objective="mean", samples=4).seed == DEFAULT_SEED
     assert json.loads(cache.read_text())["key"]["seed"] == DEFAULT_SEED
+
+
+def test_start_plans_reach_the_isolated_exact_search():
+    """A start better than every seed of the search comes back from the child, credited
+    to its label, even when the limit leaves no time to search (how a reference build
+    hands its seed methods' plans to exact)."""
+    from tests.test_solvers import tiny_instance
+
+    for seed in range(40):
+        cluster, model, training, objective = tiny_instance(seed)
+        problem = Problem.of(cluster, model, training, objective=objective, samples=4,
+                             seed=seed)
+        best = solve(problem, "exact")
+        baselines = min(solve(problem, m).value for m in ("metis", "megatron"))
+        if best.found and best.value < baselines * (1 - 1e-9):
+            break
+    else:  # pragma: no cover - the generator always yields such instances
+        pytest.skip("no tiny instance where exact beats both baselines")
+    got = run_isolated(problem, ("exact",), time_limit=1e-6, grace_s=60,
+                       starts=(("local-search", best.plan),))["exact"]
+    assert got.error == "" and got.found_by == "local-search"
+    assert got.value == pytest.approx(best.value, rel=1e-12)

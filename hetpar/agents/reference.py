@@ -332,7 +332,9 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
                    workers: int = 1, seeds: Sequence[str] = DEFAULT_SEEDS, policy: Any = None,
                    grace_s: float | None = None, memory_gib: float = 8.0) -> Entry:
     """The reference entry of one instance: the seeds' plans here, then exact in a
-    child process; the best plan of all, the exact search's bound."""
+    child process with those plans as its starts (they prune its search, and a seed's
+    plan the search cannot beat comes back credited to it); the best plan of all, the
+    exact search's bound."""
     from hetpar.agents import planning
     from hetpar.solvers.isolated import run_isolated
 
@@ -342,13 +344,7 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
     found: list[tuple[float, dict[str, Any] | None, str]] = []
     seed_values: dict[str, float | None] = {}
     grace = max(10.0, time_limit) if grace_s is None else grace_s
-    ex = run_isolated(problem, ("exact",), time_limit=time_limit, workers=workers,
-                      grace_s=grace, memory_gib=memory_gib)["exact"]
-    exact = {"value_s": _num(ex.value), "lower_bound_s": _num(ex.lower_bound),
-             "optimal": ex.optimal, "found_by": ex.found_by, "stopped": ex.stopped,
-             "wall_s": None if ex.wall_s is None else round(ex.wall_s, 3), "error": ex.error}
-    if ex.plan is not None and math.isfinite(ex.value):
-        found.append((ex.value, ex.plan, _label("exact", ex.found_by)))
+    starts: list[tuple[str, Plan]] = []
     for method in seeds:
         options: dict[str, Any] = {}
         if method == "local-search":
@@ -364,7 +360,18 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
             continue
         seed_values[method] = sol.value if sol.found else None
         if sol.found and sol.plan is not None:
-            found.append((sol.value, sol.plan.to_dict(), _label(method, sol.found_by)))
+            starts.append((method, sol.plan))
+    ex = run_isolated(problem, ("exact",), time_limit=time_limit, workers=workers,
+                      grace_s=grace, memory_gib=memory_gib, starts=tuple(starts))["exact"]
+    exact = {"value_s": _num(ex.value), "lower_bound_s": _num(ex.lower_bound),
+             "optimal": ex.optimal, "found_by": ex.found_by, "stopped": ex.stopped,
+             "wall_s": None if ex.wall_s is None else round(ex.wall_s, 3), "error": ex.error}
+    if ex.plan is not None and math.isfinite(ex.value):
+        found.append((ex.value, ex.plan, _label("exact", ex.found_by)))
+    # Should the child have died, the seeds' plans still stand (exact's first: on a tie
+    # it keeps the credit, as it proved or failed to beat the plan).
+    for method, plan in starts:
+        found.append((problem.value(plan), plan.to_dict(), method))
     best = min(found, key=lambda f: f[0]) if found else (math.inf, None, "")
     value, plan, by = best
     if plan is not None:

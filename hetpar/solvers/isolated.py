@@ -51,9 +51,11 @@ class IsolatedResult:
 
 def run_isolated(problem: Problem, methods: tuple[str, ...] = ("exact",), *,
                  time_limit: float, workers: int = 1, grace_s: float | None = None,
-                 memory_gib: float = 8.0) -> dict[str, IsolatedResult]:
+                 memory_gib: float = 8.0, starts: tuple[Any, ...] = ()
+                 ) -> dict[str, IsolatedResult]:
     """``solve(problem, method)`` for each of ``methods`` in turn (``exact`` with
-    ``time_limit`` and ``workers``, the others as they are) in one child process.
+    ``time_limit``, ``workers`` and the start plans ``starts``, the others as they are)
+    in one child process.
 
     The child and the search workers it starts are killed ``grace_s`` seconds after
     ``time_limit`` (default max(30, time_limit) seconds), counted from the child's start,
@@ -76,7 +78,7 @@ def run_isolated(problem: Problem, methods: tuple[str, ...] = ("exact",), *,
     # rather than pickled.
     proc = ctx.Process(target=_child, daemon=False,
                        args=(send, dataclasses.replace(problem), tuple(methods), time_limit,
-                             workers, int(memory_gib * 2**30)))
+                             workers, int(memory_gib * 2**30), tuple(starts)))
     proc.start()
     send.close()
     out: dict[str, IsolatedResult] = {}
@@ -137,7 +139,7 @@ def run_exact_isolated(problem: Problem | Instance, objective: Objective | str |
 
 
 def _child(conn: Any, problem: Problem, methods: tuple[str, ...], time_limit: float,
-           workers: int, memory_bytes: int) -> None:
+           workers: int, memory_bytes: int, starts: tuple[Any, ...] = ()) -> None:
     """Body of the child process of ``run_isolated``: each method's answer is sent as
     soon as it is known."""
     import os
@@ -155,8 +157,10 @@ def _child(conn: Any, problem: Problem, methods: tuple[str, ...], time_limit: fl
         out: dict[str, Any] = {"method": method}
         start = time.perf_counter()
         try:
-            sol = solve(problem, method, workers=workers if method == "exact" else 1,
-                        time_limit=time_limit if method == "exact" else None)
+            exact = method == "exact"
+            sol = solve(problem, method, workers=workers if exact else 1,
+                        time_limit=time_limit if exact else None,
+                        starts=starts if exact else ())
             out.update(wall_s=time.perf_counter() - start, optimal=sol.optimal,
                        gap=sol.gap, lower_bound=sol.lower_bound, found_by=sol.found_by,
                        stopped=sol.certificate.stopped if sol.certificate else "")

@@ -203,11 +203,8 @@ def policy_problem(bundle: PolicyLike, cluster: Cluster | Instance,
     k = int(samples if samples is not None else trained.get("samples") or POLICY_SAMPLES)
     if k < 1:
         raise ConfigError("", "samples", f"must be at least 1, got {k}")
-    if isinstance(cluster, Instance):
-        return Problem.from_instance(inst, objective=obj, samples=k, seed=seed,
-                                     constants=constants)
-    return Problem.of(inst.cluster, inst.model, inst.training, objective=obj, samples=k,
-                      seed=seed, constants=constants, name=inst.name)
+    return Problem.from_instance(inst, objective=obj, samples=k, seed=seed,
+                                 constants=constants)
 
 
 def policy_method(beam: int = 1, refine: bool = True, improve_evaluations: int = 0) -> str:

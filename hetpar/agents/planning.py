@@ -137,17 +137,15 @@ def _policy_start(problem: Problem, policy: Any,
     None and why not: torch is not installed, the shipped policy is not, the cluster or
     model is larger than the policy handles, or it found no plan. A policy the caller
     names must load (its ConfigError stands)."""
-    try:
-        import torch  # noqa: F401  (the policy planner's dependency, optional)
-    except ImportError:
+    if not _has_torch():
         return None, "skipped: torch is not installed (the rl extra)"
     from hetpar.agents import planner
-    from hetpar.agents.io import default_policy_path, load_policy
+    from hetpar.agents.io import default_policy_path
     from hetpar.errors import InfeasibleError
 
     if policy is None and not default_policy_path().exists():
         return None, "skipped: no policy is installed"
-    bundle: Any = policy if hasattr(policy, "env_kwargs") else load_policy(policy)
+    bundle = _bundle(policy)
     inst = planner.instance_of(problem.cluster, problem.model, problem.training,
                                name=problem.name or None)
     try:
@@ -193,18 +191,30 @@ def _local_search(problem: Problem, *, max_evaluations: int | None = None,
                     inputs=problem.describe())
 
 
-def _policy(problem: Problem, method: str, policy: Any, options: dict[str, Any]) -> Solution:
+def _has_torch() -> bool:
     try:
         import torch  # noqa: F401  (the policy planner's dependency, optional)
-    except ImportError as exc:
-        raise ConfigError("", "method", f"the policy methods need the 'rl' extra "
-                                        f"(pip install 'hetpar[rl]'): {exc}") from None
+    except ImportError:
+        return False
+    return True
+
+
+def _bundle(policy: Any) -> Any:
+    """A loaded policy: ``policy`` itself when it is one, else the file it names (None:
+    the shipped one)."""
+    if hasattr(policy, "env_kwargs"):
+        return policy
+    from hetpar.agents.io import load_policy
+
+    return load_policy(policy)
+
+
+def _policy(problem: Problem, method: str, policy: Any, options: dict[str, Any]) -> Solution:
+    if not _has_torch():
+        raise ConfigError("", "method", "the policy methods need the 'rl' extra "
+                                        "(pip install 'hetpar[rl]'): torch is not installed")
     # Through the module, not a bound name: tests and tools may wrap the planner.
     from hetpar.agents import planner
 
-    if policy is None or not hasattr(policy, "env_kwargs"):
-        from hetpar.agents.io import load_policy
-
-        policy = load_policy(policy)
     settings = {**policy_presets()[method], **options}
-    return planner.plan_with_policy(policy, problem, method=method, **settings)
+    return planner.plan_with_policy(_bundle(policy), problem, method=method, **settings)

@@ -95,10 +95,6 @@ class Problem:
     def space(self) -> PlanSpace:
         return PlanSpace(self.cluster, self.cost_model.model, self.training)
 
-    def states(self) -> np.ndarray:
-        """The (K, links) bandwidth states in Gb/s every plan is scored under."""
-        return self.cost_model.link_gbps
-
     def with_bandwidth(self, bandwidth: np.ndarray) -> Problem:
         """The same problem under explicit bandwidth states (a network state of the
         dynamics simulator); the cost model shares this one's bandwidth-free tables."""

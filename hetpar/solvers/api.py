@@ -85,9 +85,9 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     credit: metis, megatron, the starts in their order, the dive, the search.
 
     ``certify=False`` (exact only) makes ``time_limit`` a hard deadline for a caller that
-    must decide in time (the re-planner): the same branch and bound seeded by the
-    Metis-style plan alone, in this process, its subtrees in their natural order (no
-    dive, no ranking) and, when stopped, no lower-bound bisection (the certificate's
+    must decide in time (the re-planner): the same branch and bound with the same seeds
+    (metis, megatron, the starts), in this process, its subtrees in their natural order
+    (no dive, no ranking) and, when stopped, no lower-bound bisection (the certificate's
     bound is then the compute floor). Those steps can run minutes past the limit on
     16-GPU clusters.
     """
@@ -152,6 +152,7 @@ def answer_grace(time_limit: float | None) -> float:
     report). ``benchmarks/time_limits.py`` measures the promise."""
     return report_grace(time_limit) + 1.0
 
+
 # More first-stage choices than this and the search cannot even list its first level.
 MAX_FIRST_STAGES = 500_000
 
@@ -173,8 +174,9 @@ def _score_starts(problem: Problem, starts: tuple[Start, ...]) -> list[_Seed]:
         by, plan = item if isinstance(item, tuple) else ("start", item)
         if not isinstance(plan, Plan):
             raise ConfigError("", f"starts[{i}]", f"not a plan: {type(plan).__name__}")
-        problem.cost_model.evaluate(plan, source=f"start plan {i + 1} ({by})")  # validates
-        seeds.append((problem.value(plan), plan, by))
+        # The report validates the plan; its value is the problem's (one evaluation).
+        est = problem.estimate(plan, source=f"start plan {i + 1} ({by})")
+        seeds.append((est.value(problem.objective), plan, by))
     return seeds
 
 

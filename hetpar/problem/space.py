@@ -16,6 +16,7 @@ a class's hosts is in non-increasing lexicographic order (``SymmetryCheck``).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -121,6 +122,26 @@ class PlanSpace:
                 if any(counts):
                     yield self.stage_from_counts(gpu_type, tp, hosts, counts)
 
+    def stage_choices_by_size(self, free: Sequence[int], largest_first: bool = True,
+                              ) -> Iterator[StageChoice]:
+        """``sorted(stage_choices(free), key=gpus)`` (descending with ``largest_first``),
+        ties in ``stage_choices`` order, without listing them: on clusters of many hosts a
+        level of the stage tree has hundreds of millions of stages, and a search under a
+        time limit visits a few thousand of them. Each (type, TP degree) group yields its
+        count vectors by total, and the groups are merged by GPU count (``heapq.merge`` is
+        stable across its inputs, as ``sorted`` is across the concatenated list)."""
+        groups = [self._group_by_size(gpu_type, tp, hosts, room, largest_first)
+                  for gpu_type, tp, hosts, room in self.stage_groups(free)]
+        sign = -1 if largest_first else 1
+        return heapq.merge(*groups, key=lambda s: sign * s.gpus)
+
+    def _group_by_size(self, gpu_type: str, tp: int, hosts: tuple[int, ...],
+                       room: tuple[int, ...], largest_first: bool) -> Iterator[StageChoice]:
+        total = sum(room)
+        for t in range(total, 0, -1) if largest_first else range(1, total + 1):
+            for counts in _bounded_compositions(room, t):
+                yield self.stage_from_counts(gpu_type, tp, hosts, counts)
+
     def count_stage_choices(self, free: Sequence[int]) -> int:
         """How many stages ``stage_choices(free)`` yields, without listing them."""
         return sum(math.prod(r + 1 for r in room) - 1
@@ -213,6 +234,28 @@ class PlanSpace:
         """The same plan with canonical GPU numbering (equal cost)."""
         stages, layers = self.decompose(plan)
         return self.to_plan(stages, layers, plan.micro_batches, plan.recompute, plan.zero)
+
+
+def _bounded_compositions(room: Sequence[int], total: int) -> Iterator[tuple[int, ...]]:
+    """Vectors ``c`` with ``0 <= c[j] <= room[j]`` summing to ``total``, in increasing
+    lexicographic order (the order ``itertools.product`` gives vectors of one sum)."""
+    after = [0] * (len(room) + 1)  # after[j]: the most hosts j.. can take together
+    for j in range(len(room) - 1, -1, -1):
+        after[j] = after[j + 1] + room[j]
+    if not 0 <= total <= after[0]:
+        return
+    counts = [0] * len(room)
+
+    def fill(j: int, left: int) -> Iterator[tuple[int, ...]]:
+        if j == len(room):
+            yield tuple(counts)
+            return
+        for c in range(max(0, left - after[j + 1]), min(room[j], left) + 1):
+            counts[j] = c
+            yield from fill(j + 1, left - c)
+        counts[j] = 0
+
+    yield from fill(0, total)
 
 
 def _symmetry_classes(cluster: Cluster) -> tuple[tuple[int, ...], ...]:

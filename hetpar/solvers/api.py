@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.errors import ConfigError, HetparError, InfeasibleError
+from hetpar.errors import ConfigError, InfeasibleError
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (
@@ -25,7 +26,9 @@ from hetpar.solvers.exact import (
     TaskResult,
     dive,
     estimate_space_size,
+    LIST_STAGES,
     few_collections,
+    first_stage_tasks,
     make_bounds,
     prefix_lower_bound,
     root_lower_bound,
@@ -153,8 +156,9 @@ def answer_grace(time_limit: float | None) -> float:
     return report_grace(time_limit) + 1.0
 
 
-# More first-stage choices than this and the search cannot even list its first level.
-MAX_FIRST_STAGES = 500_000
+# With a lazy first level (``LIST_STAGES``), one worker ranks its stages by bound in
+# windows of this many, best first within each.
+RANK_WINDOW = 4096
 
 
 def _compute_floor(cm: CostModel) -> float:
@@ -220,31 +224,15 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   timings: dict[str, float]) -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
+    if not certify:
+        return _deadline_search(cm, space, obj, time_limit, starts, timings)
+    # The first level is listed, ranked and sorted where it is small enough; else its
+    # stages are taken lazily, in order of their GPU count (``LIST_STAGES``).
+    first_level = space.count_stage_choices(space.capacity)
+    lazy = first_level > LIST_STAGES
     # A good first incumbent prunes from the first node on: the start plans', the
     # Metis-style heuristic's (which lies in the space) and the Megatron-style one's,
     # whichever is best (the answer is never worse than any of them).
-    first_level = space.count_stage_choices(space.capacity)
-    if first_level > MAX_FIRST_STAGES:
-        # Listing the first stages alone would exhaust memory (tens of millions of ways to
-        # take blocks from many identical hosts): answer with the seed, or refuse.
-        if not time_limit:
-            raise HetparError(
-                f"exact search: {first_level:,} possible first stages on this cluster, more "
-                f"than the {MAX_FIRST_STAGES:,} it can enumerate; give a time limit to get the "
-                "best of the seeds (start plans, Metis- and Megatron-style) with a lower "
-                "bound")
-        seed_value, seed_plan, seed_source = _best_seed(
-            [*_baseline_seeds(cm, space, obj, timings), *starts])
-        wall = time.perf_counter() - start
-        floor = _compute_floor(cm)
-        cert = Certificate(optimal=False, lower_bound=min(floor, seed_value), nodes=0,
-                           leaves=0, space_size=float(first_level), space_size_exact=False,
-                           wall_s=wall, workers=workers, stopped="space too large")
-        return Solution("exact", obj.name, seed_plan, _estimate(cm, seed_plan), seed_value,
-                        wall, evaluations=0, certificate=cert, found_by=seed_source,
-                        timings=timings, details=_details(starts))
-    if not certify:
-        return _deadline_search(cm, space, obj, time_limit, starts, timings)
     # A dive over a few deep-pipeline structures with a local search over them: an
     # incumbent near the optimum before the exhaustive search prunes far more than the
     # heuristic's plan; a tenth of the time limit at most, from its start.
@@ -264,9 +252,11 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     # bound tables, and subtrees below one first stage share most of them (tasks below
     # the first two stages made two workers build the same tables twice over).
     # root_tasks(depth=2) stays available.
-    tasks = root_tasks(problem, depth=1)
     order_bounds: Bounds | None = None  # with one worker, the ranking's tables serve the search
     rank: dict[StageChoice, float] = {}
+    listed: list[Task] = []  # the subtree tasks, where the first level is listed
+    subtrees: Iterable[Task]
+    seed_tasks: list[Task] = []
     if workers == 1:
         order_bounds = make_bounds(problem)
         # Most promising subtrees first (least bound of their first stage): good plans
@@ -277,13 +267,23 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # Ranking must not eat the time limit: past a quarter of it, the rest keep their
         # order.
         rank_until = start + 0.25 * time_limit if time_limit else math.inf
-        for t in tasks:
-            if len(t.prefix) == 1 and time.perf_counter() < rank_until:
-                rank[t.prefix[0]] = prefix_lower_bound(
-                    order_bounds, ranker.combos, t.prefix[:1],
-                    space.take(space.capacity, t.prefix[0]), seed_value, steps=RANK_STEPS,
-                    until=rank_until)
-        tasks.sort(key=lambda t: (rank.get(t.prefix[0], math.inf), _taken(t)))
+
+        def ranked(chunk: list[Task]) -> list[Task]:
+            for t in chunk:
+                if time.perf_counter() < rank_until:
+                    rank[t.prefix[0]] = prefix_lower_bound(
+                        order_bounds, ranker.combos, t.prefix[:1],
+                        space.take(space.capacity, t.prefix[0]), seed_value,
+                        steps=RANK_STEPS, until=rank_until)
+            return sorted(chunk, key=lambda t: (rank.get(t.prefix[0], math.inf), _taken(t)))
+
+        if lazy:
+            # Best bound first within windows of RANK_WINDOW stages, largest first.
+            stream = first_stage_tasks(space)
+            subtrees = (t for chunk in iter(lambda: list(itertools.islice(stream, RANK_WINDOW)), [])
+                        for t in ranked(chunk))
+        else:
+            subtrees = listed = ranked(root_tasks(problem, depth=1))
     else:
         # Several workers finish together only if the largest subtrees start first: the
         # first stages that leave the most GPUs free root the largest ones (started late,
@@ -293,14 +293,31 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # worker, each part the subtrees of every n-th GPU count of the next stage: a
         # worker's subtrees then share its bound tables (one task per subtree spread
         # siblings over the workers, and each rebuilt the tables the other had built).
-        tasks.sort(key=_taken)
-        if tasks:
-            tasks = split_task(problem, tasks[0], parts=workers) + tasks[1:]
+        if lazy:
+            firsts = first_stage_tasks(space, largest_first=False)
+        else:
+            firsts = iter(listed := sorted(root_tasks(problem, depth=1), key=_taken))
+        head = next(firsts, None)
+        subtrees = itertools.chain(
+            split_task(problem, head, parts=workers) if head is not None else [], firsts)
+        if listed:
+            subtrees = listed = list(subtrees)
         # The seeds run on the workers too, first: a worker starts on the subtrees once
         # its seed is done (the incumbent it leaves prunes them), and the dive offers each
         # plan it finds at once (run before the pool, they kept every worker idle).
-        tasks = [Task((), seed="metis"), Task((), seed="megatron"),
-                 Task((), seed="dive", until=time.time() + dive_budget)] + tasks
+        seed_tasks = [Task((), seed="metis"), Task((), seed="megatron"),
+                      Task((), seed="dive", until=time.time() + dive_budget)]
+    # Every task the executor takes, in its order (on_result's index).
+    tasks: list[Task] = []
+    exhausted = False
+
+    def taken() -> Iterator[Task]:
+        nonlocal exhausted
+        for t in itertools.chain(seed_tasks, subtrees):
+            tasks.append(t)
+            yield t
+        exhausted = True
+
     if executor is None:
         if workers > 1:
             from hetpar.solvers.parallel import ProcessExecutor
@@ -317,7 +334,9 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     start_held = workers > 1 and seed_plan is not None
     # The parts run here before the search (the starts were scored before ``start``).
     caller_s = sum(v for k, v in timings.items() if k != "starts")
-    subtrees = sum(1 for t in tasks if not t.seed)  # the progress counts these, not seeds
+    # The progress counts subtrees, not seeds; a lazy first level counts its stages, of
+    # which the search visits only the canonical ones.
+    subtree_count = len(listed) if not lazy else first_level
     subtrees_done = 0
 
     def on_result(i: int, res: TaskResult) -> None:
@@ -332,22 +351,28 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
             best = (res.value, res.plan, tasks[i].seed or "search")
             start_held = False
         if progress is not None:
-            progress(Progress(subtrees_done, subtrees, counters.nodes,
+            progress(Progress(subtrees_done, subtree_count, counters.nodes,
                               min(best[0], executor.incumbent()),
                               time.perf_counter() - start))
 
     stopped = ""
     try:
-        executor.run(problem, tasks, on_result, order_bounds)
+        executor.run(problem, taken(), on_result, order_bounds)
     except KeyboardInterrupt:
         stopped = "interrupted"
     if not stopped:
         # The baselines' plans are part of the answer whatever the executor did with their
         # tasks (e.g. cancelled at the deadline before a worker took them).
-        for i, task in enumerate(tasks):
-            if task.seed in _BASELINES and i not in results:
-                on_result(i, search_subtree(problem, task, LocalIncumbent()))
-    if not stopped and (len(results) < len(tasks) or not all(r.finished for r in results.values())):
+        ran = {tasks[i].seed for i in results}
+        for task in seed_tasks:
+            if task.seed in _BASELINES and task.seed not in ran:
+                tasks.append(task)
+                on_result(len(tasks) - 1, search_subtree(problem, task, LocalIncumbent()))
+    # Subtrees never taken: the rest of a listed first level, or of a lazy one (then
+    # unknown, and bounded by the root bound alone).
+    untaken = listed[sum(1 for t in tasks if not t.seed):] if not lazy else []
+    if not stopped and (not exhausted or untaken or len(results) < len(tasks)
+                        or not all(r.finished for r in results.values())):
         stopped = "time limit"
     value, plan, found_by = best
     wall = time.perf_counter() - start
@@ -360,6 +385,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # stage with unfinished work instead of one per task.
         firsts = {task.prefix[:1] for i, task in enumerate(tasks)
                   if task.prefix and (i not in results or not results[i].finished)}
+        firsts |= {task.prefix[:1] for task in untaken}
         # The report may overrun the limit by a little only: subtrees left unbounded
         # when that grace is spent get the trivial bound 0.
         grace_until = time.perf_counter() + report_grace(time_limit)
@@ -378,6 +404,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                                                       space.take(space.capacity, first[0]),
                                                       value, steps=10, until=grace_until))
             lb = min(lb, known)
+        if lazy and not exhausted:
+            lb = min(lb, root)  # the first stages never taken: the root bound covers them
         # Capped at the answer: a start outside the space may beat every plan in it.
         lb = min(max(lb, root, _compute_floor(cm)), value)
     else:
@@ -429,7 +457,9 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
     bounds = make_bounds(problem)
     counters = Counters()
     finished = True
-    for task in root_tasks(problem, depth=1):
+    # Lazily (as root_tasks(depth=1) orders them): a 16-host cluster has hundreds of
+    # millions of first stages.
+    for task in first_stage_tasks(space):
         if time.time() > problem.deadline:
             finished = False
             break

@@ -1077,6 +1077,12 @@ class Bounds:
 
     # ---- prefixes ---------------------------------------------------------------------
     GRID = 24  # thresholds tried between zero and the target
+    # Free GPUs above which the crossing-aware pool capacities (``pool_capacities``) are
+    # left out of the fill (a weaker bound, still a bound): their tables grow with the
+    # free GPUs times the runs over the free hosts, and at 99 free GPUs on 16 hosts one
+    # node's took 14 s compiled (test-larger instance 0), where at 40 on 10 hosts a call
+    # took at most 23 ms in pure Python.
+    POOL_GPUS = 48
     REFINE = 3  # halvings of a grid interval that may beat the target
 
     def prefix_alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...], m: int,
@@ -1323,7 +1329,8 @@ class Bounds:
             if extra + sum(caps) >= L and len(pool_types) > 1:
                 extra = min(extra, self.type_capacity(free, m, rc, key_tau,
                                                       entry_type_free, floor) - shift)
-            if extra + sum(caps) >= L and entry_free is not None:
+            if (extra + sum(caps) >= L and entry_free is not None
+                    and sum(free) <= self.POOL_GPUS):
                 # The pool's host runs, one host after another, cross between hosts:
                 # each such boundary adds its round trip to the pipeline's fill.
                 per = self.pool_adjacency_time(free, m)

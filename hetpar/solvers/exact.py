@@ -182,6 +182,8 @@ class Searcher:
             if inherited is not None and combo not in inherited:
                 memory_only = False
                 continue
+            # Between pairs too: on large clusters one pair's bounds can take a second.
+            self._check_time()
             c_ok, o_ok, by_memory = self.bounds.prefix_status(prefix, free, combo[0], combo[1],
                                                               target)
             if c_ok:
@@ -195,11 +197,6 @@ class Searcher:
             else:
                 self.counters.pruned_bound += 1
         return closed, frozenset(opened)
-
-    def alive(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...]) -> bool:
-        """Whether some plan extending ``prefix`` may beat the incumbent; counts prunes."""
-        closed, opened = self.status(prefix, free, None)
-        return bool(closed or opened)
 
     def walk(self, prefix: tuple[StageChoice, ...], free: tuple[int, ...],
              sym: SymmetryCheck, inherited: frozenset[tuple[int, str]] | None = None,
@@ -222,12 +219,28 @@ class Searcher:
             self.close(prefix, closed)
         if len(prefix) >= self.layers or not opened:
             return
-        children = sorted(self.problem.space.stage_choices(free), key=lambda s: -s.gpus)
+        space = self.problem.space
+        part_of: dict[int, int] = {}
+        if space.count_stage_choices(free) > LIST_STAGES:
+            # Too many children to list (many hosts with room): visited lazily, in the
+            # same order. A part's GPU counts are then every n-th of those the groups
+            # could form, canonical or not: still one part for each child.
+            if n > 1:
+                sizes = sorted({tp * d for _, tp, _, room in space.stage_groups(free)
+                                for d in range(1, sum(room) + 1)}, reverse=True)
+                part_of = {g: j % n for j, g in enumerate(sizes)}
+            for stage in space.stage_choices_by_size(free):
+                nxt = sym.extend(stage)
+                if nxt is None:
+                    self.counters.pruned_symmetry += k == 0
+                elif n == 1 or part_of[stage.gpus] == k:
+                    self.walk(prefix + (stage,), space.take(free, stage), nxt, opened)
+            return
+        children = sorted(space.stage_choices(free), key=lambda s: -s.gpus)
         canonical = [(stage, nxt) for stage in children
                      if (nxt := sym.extend(stage)) is not None]
         if k == 0:
             self.counters.pruned_symmetry += len(children) - len(canonical)
-        part_of: dict[int, int] = {}
         if n > 1:
             # A part takes every n-th of the children's distinct GPU counts (largest
             # first), not every n-th child: children that take as many GPUs leave as many
@@ -237,8 +250,7 @@ class Searcher:
             part_of = {g: j % n for j, g in enumerate(sizes)}
         for stage, nxt in canonical:
             if n == 1 or part_of[stage.gpus] == k:
-                self.walk(prefix + (stage,), self.problem.space.take(free, stage), nxt,
-                          opened)
+                self.walk(prefix + (stage,), space.take(free, stage), nxt, opened)
 
     # ---- closing a prefix: the best layer split -----------------------------------------
     def close(self, stages: tuple[StageChoice, ...],
@@ -686,6 +698,22 @@ class Task:
         return free
 
 
+# More stages than this at a level of the stage tree and the search visits them lazily
+# (``PlanSpace.stage_choices_by_size``) instead of listing and sorting them: listing the
+# 397,505 first stages of test-larger instance 8 took 1.5-5 s, and the first stages of
+# a 16-host cluster (389 million on test-larger instance 0) do not fit in memory.
+LIST_STAGES = 100_000
+
+
+def first_stage_tasks(space: PlanSpace, largest_first: bool = True) -> Iterator[Task]:
+    """One task per canonical first stage, lazily, ordered by GPU count (descending
+    with ``largest_first``, as ``root_tasks``; ascending: the largest subtrees first)."""
+    sym = SymmetryCheck.start(space)
+    for stage in space.stage_choices_by_size(space.capacity, largest_first):
+        if sym.extend(stage) is not None:
+            yield Task((stage,))
+
+
 def root_tasks(problem: SearchProblem, depth: int = 1) -> list[Task]:
     """The canonical prefixes of ``depth`` stages, each rooting an independent subtree,
     and every shorter canonical prefix as a close-only task. Splitting deeper gives
@@ -967,11 +995,14 @@ class SearchExecutor(Protocol):
 
     workers: int
 
-    def run(self, problem: SearchProblem, tasks: list[Task],
+    def run(self, problem: SearchProblem, tasks: Iterable[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
-        """Run every task, reporting each result; ``bounds``: tables the caller built
-        for this problem already (e.g. ranking the tasks), which a backend may reuse."""
+        """Run the tasks, reporting each result with the task's position in ``tasks``;
+        ``bounds``: tables the caller built for this problem already (e.g. ranking the
+        tasks), which a backend may reuse. ``tasks`` may be lazy (millions of first
+        stages): a backend takes them one by one as workers free up, the seed tasks
+        (first) always, and no others once the problem's deadline has passed."""
         ...
 
     def incumbent(self) -> float: ...
@@ -984,13 +1015,15 @@ class InlineExecutor:
     workers: int = 1
     _incumbent: LocalIncumbent = field(default_factory=LocalIncumbent)
 
-    def run(self, problem: SearchProblem, tasks: list[Task],
+    def run(self, problem: SearchProblem, tasks: Iterable[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
         self._incumbent.offer(problem.seed_value)
         if bounds is None:
             bounds = make_bounds(problem)
         for i, task in enumerate(tasks):
+            if not task.seed and time.time() > problem.deadline:
+                return
             on_result(i, search_subtree(problem, task, self._incumbent, bounds))
 
     def incumbent(self) -> float:

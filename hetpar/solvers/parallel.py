@@ -8,11 +8,10 @@ plan found by one worker prunes the others at once.
 
 from __future__ import annotations
 
-import itertools
 import math
 import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -71,7 +70,7 @@ class ProcessExecutor:
     workers: int = 2
     _cell: object = field(default=None)
 
-    def run(self, problem: SearchProblem, tasks: list[Task],
+    def run(self, problem: SearchProblem, tasks: Iterable[Task],
             on_result: Callable[[int, TaskResult], None],
             bounds: Bounds | None = None) -> None:
         # ``bounds`` is not used: each worker builds its own tables (the caller's would
@@ -85,28 +84,39 @@ class ProcessExecutor:
         pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(problem, self._cell, subtrees_done))
         try:
-            # Tasks go out a few per worker at a time: submitting hundreds of thousands of
-            # first stages at once kept the caller busy for longer than a time limit, and
-            # past the deadline a task not yet sent is simply not sent.
-            # The seeds go out whatever the clock says: their plans are the answer of a
-            # search stopped before its first subtree.
-            pending: dict[Future, int] = {pool.submit(_run_task, t): i
-                                          for i, t in enumerate(tasks) if t.seed}
-            queue = ((i, t) for i, t in enumerate(tasks) if not t.seed)
+            # Tasks go out a few per worker at a time, taken from ``tasks`` as they go (it
+            # may be lazy: millions of first stages): submitting hundreds of thousands at
+            # once kept the caller busy for longer than a time limit, and past the
+            # deadline a task not yet sent is simply not sent. The seeds (first) go out
+            # whatever the clock says: their plans are the answer of a search stopped
+            # before its first subtree.
+            source = enumerate(tasks)
+            pending: dict[Future, tuple[int, bool]] = {}
             window = _IN_FLIGHT * self.workers
-            subtrees = sum(1 for t in tasks if not t.seed)
+            held: tuple[int, Task] | None = None  # taken from ``source``, not yet sent
+            exhausted = False
+            subtrees = 0  # subtree tasks sent and not yet answered
             while True:
-                if time.time() <= problem.deadline:
-                    for i, t in itertools.islice(queue, max(0, window - len(pending))):
-                        pending[pool.submit(_run_task, t)] = i
+                while len(pending) < window:
+                    if held is None:
+                        held = next(source, None)
+                        if held is None:
+                            exhausted = True
+                            break
+                    i, task = held
+                    if not task.seed and time.time() > problem.deadline:
+                        break
+                    pending[pool.submit(_run_task, task)] = (i, bool(task.seed))
+                    subtrees += not task.seed
+                    held = None
                 if not pending:
                     break
                 done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    i = pending.pop(fut)
-                    subtrees -= not tasks[i].seed
+                    i, seed = pending.pop(fut)
+                    subtrees -= not seed
                     on_result(i, fut.result())
-                if subtrees == 0:
+                if subtrees == 0 and (exhausted or time.time() > problem.deadline):
                     subtrees_done.set()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hetpar.cluster.bandwidth import Constant
@@ -123,22 +123,26 @@ class PlanSpace:
                     yield self.stage_from_counts(gpu_type, tp, hosts, counts)
 
     def stage_choices_by_size(self, free: Sequence[int], largest_first: bool = True,
-                              ) -> Iterator[StageChoice]:
+                              sizes: Collection[int] | None = None) -> Iterator[StageChoice]:
         """``sorted(stage_choices(free), key=gpus)`` (descending with ``largest_first``),
         ties in ``stage_choices`` order, without listing them: on clusters of many hosts a
         level of the stage tree has hundreds of millions of stages, and a search under a
         time limit visits a few thousand of them. Each (type, TP degree) group yields its
         count vectors by total, and the groups are merged by GPU count (``heapq.merge`` is
-        stable across its inputs, as ``sorted`` is across the concatenated list)."""
-        groups = [self._group_by_size(gpu_type, tp, hosts, room, largest_first)
+        stable across its inputs, as ``sorted`` is across the concatenated list). With
+        ``sizes``, only the stages of those GPU counts (the others are never built)."""
+        groups = [self._group_by_size(gpu_type, tp, hosts, room, largest_first, sizes)
                   for gpu_type, tp, hosts, room in self.stage_groups(free)]
         sign = -1 if largest_first else 1
         return heapq.merge(*groups, key=lambda s: sign * s.gpus)
 
     def _group_by_size(self, gpu_type: str, tp: int, hosts: tuple[int, ...],
-                       room: tuple[int, ...], largest_first: bool) -> Iterator[StageChoice]:
+                       room: tuple[int, ...], largest_first: bool,
+                       sizes: Collection[int] | None) -> Iterator[StageChoice]:
         total = sum(room)
         for t in range(total, 0, -1) if largest_first else range(1, total + 1):
+            if sizes is not None and t * tp not in sizes:
+                continue
             for counts in _bounded_compositions(room, t):
                 yield self.stage_from_counts(gpu_type, tp, hosts, counts)
 

@@ -379,7 +379,6 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     if stopped:
         # Unfinished subtrees bound the optimum from below; finished ones are resolved.
         bounds = make_bounds(problem)
-        lb = value
         probe = Searcher(problem, LocalIncumbent(value), bounds)
         # The bound of a first stage covers every task below it: one bisection per first
         # stage with unfinished work instead of one per task.
@@ -387,27 +386,32 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   if task.prefix and (i not in results or not results[i].finished)}
         firsts |= {task.prefix[:1] for task in untaken}
         # The report may overrun the limit by a little only: subtrees left unbounded
-        # when that grace is spent get the trivial bound 0.
+        # when that grace is spent keep the root bound.
         grace_until = time.perf_counter() + report_grace(time_limit)
+        floor = _compute_floor(cm)
         # One bound covers every plan: it is the floor under every subtree's (first, with
-        # half of the grace, so that no subtree is left at the trivial bound 0).
-        root_until = min(grace_until, time.perf_counter() + 0.5 * (grace_until
-                                                                     - time.perf_counter()))
-        root = root_lower_bound(bounds, probe.combos, value, steps=10, until=root_until)
+        # half of the grace; all of it where a lazy first level was not taken to its end,
+        # since the stages never taken have no other bound). Both bisections start from
+        # the bound known below them.
+        whole = lazy and not exhausted
+        root_until = grace_until if whole else (
+            time.perf_counter() + 0.5 * (grace_until - time.perf_counter()))
+        root = root_lower_bound(bounds, probe.combos, value, steps=10, until=root_until,
+                                lower=floor)
+        lb = value
         for first in sorted(firsts, key=lambda f: rank.get(f[0], math.inf)):
             # The ranking's bound holds already; a bisection may tighten it (10 halvings:
-            # within 0.1% of the incumbent) while the grace lasts. Both are bounds: the
-            # larger is kept.
-            known = rank.get(first[0], 0.0)
-            if time.perf_counter() < grace_until:
-                known = max(known, prefix_lower_bound(bounds, probe.combos, first,
-                                                      space.take(space.capacity, first[0]),
-                                                      value, steps=10, until=grace_until))
+            # within 0.1% of the gap) while the grace lasts.
+            known = max(rank.get(first[0], 0.0), root)
+            if not whole and time.perf_counter() < grace_until:
+                known = prefix_lower_bound(bounds, probe.combos, first,
+                                           space.take(space.capacity, first[0]), value,
+                                           steps=10, until=grace_until, lower=known)
             lb = min(lb, known)
-        if lazy and not exhausted:
+        if whole:
             lb = min(lb, root)  # the first stages never taken: the root bound covers them
         # Capped at the answer: a start outside the space may beat every plan in it.
-        lb = min(max(lb, root, _compute_floor(cm)), value)
+        lb = min(max(lb, root, floor), value)
     else:
         lb = value
     timings["search"] = max(0.0, time.perf_counter() - start - caller_s)

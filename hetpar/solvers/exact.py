@@ -224,16 +224,20 @@ class Searcher:
         if space.count_stage_choices(free) > LIST_STAGES:
             # Too many children to list (many hosts with room): visited lazily, in the
             # same order. A part's GPU counts are then every n-th of those the groups
-            # could form, canonical or not: still one part for each child.
+            # could form, canonical or not (still one part for each child), and only its
+            # own are generated: skipping the others took seconds past a deadline.
+            mine: set[int] | None = None
             if n > 1:
                 sizes = sorted({tp * d for _, tp, _, room in space.stage_groups(free)
                                 for d in range(1, sum(room) + 1)}, reverse=True)
-                part_of = {g: j % n for j, g in enumerate(sizes)}
-            for stage in space.stage_choices_by_size(free):
+                mine = {g for j, g in enumerate(sizes) if j % n == k}
+            for i, stage in enumerate(space.stage_choices_by_size(free, sizes=mine)):
+                if not i & 4095:
+                    self._check_time()  # runs of non-canonical stages visit no node
                 nxt = sym.extend(stage)
                 if nxt is None:
                     self.counters.pruned_symmetry += k == 0
-                elif n == 1 or part_of[stage.gpus] == k:
+                else:
                     self.walk(prefix + (stage,), space.take(free, stage), nxt, opened)
             return
         children = sorted(space.stage_choices(free), key=lambda s: -s.gpus)
@@ -1084,10 +1088,11 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
 
 def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[StageChoice, ...],
                        free: tuple[int, ...], upper: float, steps: int = 16,
-                       until: float = math.inf) -> float:
+                       until: float = math.inf, lower: float = 0.0) -> float:
     """The least iteration time any plan extending ``prefix`` may have (bisection on the
-    pruning test, which is monotone in its target). Past ``until`` (``time.perf_counter``)
-    it returns the bracket's lower end as it stands: weaker, still a bound."""
+    pruning test, which is monotone in its target), from ``lower``, a bound known to hold
+    for them. Past ``until`` (``time.perf_counter``) it returns the bracket's lower end
+    as it stands: weaker, still a bound."""
     combos = searcher_combos(s.dp for s in prefix)
 
     def alive(target: float) -> bool:
@@ -1097,18 +1102,22 @@ def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[
         upper = 1.0
         while time.perf_counter() < until and not alive(upper) and upper < 1e9:
             upper *= 2
-    return _bisect_bound(alive, upper, steps, until)
+    return _bisect_bound(alive, upper, steps, until, lower)
 
 
 def _bisect_bound(alive: Callable[[float], bool], upper: float, steps: int,
-                  until: float) -> float:
+                  until: float, lower: float = 0.0) -> float:
     """The least target ``alive`` (monotone: no plan below a dead target) admits, within
-    ``upper * 2**-steps``; past ``until`` the bracket's lower end (0 at worst)."""
-    if not math.isfinite(upper) or time.perf_counter() >= until:
-        return 0.0
+    ``(upper - lower) * 2**-steps``; past ``until`` the bracket's lower end (``lower`` at
+    worst). ``lower``: a bound known already. Bracketed from it rather than from 0, the
+    same steps end closer: stopped searches on large clusters have time for a few, and
+    from 0 their bounds came out at round fractions of the answer (1/2, 3/4, 11/16)."""
+    lower = max(0.0, lower) if math.isfinite(lower) else 0.0
+    if not math.isfinite(upper) or time.perf_counter() >= until or lower >= upper:
+        return min(lower, upper) if math.isfinite(upper) else lower
     if not alive(upper):
         return upper
-    lo, hi = 0.0, upper
+    lo, hi = lower, upper
     for _ in range(steps):
         if time.perf_counter() >= until:
             break
@@ -1121,13 +1130,13 @@ def _bisect_bound(alive: Callable[[float], bool], upper: float, steps: int,
 
 
 def root_lower_bound(bounds: Bounds, searcher_combos: Callable, upper: float, steps: int = 12,
-                     until: float = math.inf) -> float:
+                     until: float = math.inf, lower: float = 0.0) -> float:
     """The least iteration time any plan of the space may have (bisection on
-    ``Bounds.root_alive``, monotone in its target); past ``until`` the bracket's lower end
-    as it stands (0 at worst)."""
+    ``Bounds.root_alive``, monotone in its target, from ``lower``, a bound known to hold);
+    past ``until`` the bracket's lower end as it stands (``lower`` at worst)."""
     combos = searcher_combos(())
 
     def alive(target: float) -> bool:
         return any(bounds.root_alive(m, rc, target) for m, rc in combos)
 
-    return _bisect_bound(alive, upper, steps, until)
+    return _bisect_bound(alive, upper, steps, until, lower)

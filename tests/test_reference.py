@@ -258,3 +258,19 @@ def test_shipped_reference_files_are_current(path):
     assert refs.suite["name"] == path.stem
     assert check(refs) == []
     assert all(math.isfinite(e.value_s) for e in refs.entries.values())
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_reference_files_cover_twenty_instances_and_exact_never_loses(path):
+    """The first 20 instances of each held-out suite, each with a plan; the stored bound
+    never above the stored value; and exact's answer never worse than a seed method's
+    (its plans were exact's start plans)."""
+    refs = load_references(path)
+    assert sorted(refs.entries) == list(range(20))
+    for e in refs.entries.values():
+        assert e.plan is not None and e.lower_bound_s is not None
+        assert e.lower_bound_s <= e.value_s * (1 + 1e-12)
+        assert e.optimal == (e.gap == 0.0)
+        exact = e.exact["value_s"]
+        for method, value in e.seeds.items():
+            assert value is None or exact <= value * (1 + 1e-9), (e.name, method)

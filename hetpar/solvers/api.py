@@ -15,6 +15,7 @@ from hetpar.errors import ConfigError, InfeasibleError
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (
+    LIST_STAGES,
     SEEDS,
     Counters,
     InlineExecutor,
@@ -26,7 +27,6 @@ from hetpar.solvers.exact import (
     TaskResult,
     dive,
     estimate_space_size,
-    LIST_STAGES,
     few_collections,
     first_stage_tasks,
     make_bounds,

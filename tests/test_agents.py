@@ -237,3 +237,103 @@ def test_shipped_policy_plans_bundled_clusters(shipped, cluster: str) -> None:  
     assert info["feasible"], cluster
     assert np.isfinite(info["objective_s"]) and info["objective_s"] > 0
     validate_plan(info["plan"], inst.cluster, inst.model, inst.training, source=cluster)
+
+
+def _episode_batch(env: PlanBuilderEnv, model: MaskablePPO, episodes: int,
+                   ) -> tuple[dict[str, torch.Tensor], np.ndarray, torch.Tensor]:
+    """Observations, masks and sampled actions of a few episodes, every phase included."""
+    rng = np.random.default_rng(3)
+    obs_l, masks, actions = [], [], []
+    for e in range(episodes):
+        obs, _ = env.reset(seed=e, options={"instance": e % 4})
+        done = False
+        while not done:
+            mask = np.array(env.action_masks())
+            action = int(rng.choice(np.flatnonzero(mask)))
+            obs_l.append(obs)
+            masks.append(mask)
+            actions.append(action)
+            obs, _, done, _, _ = env.step(action)
+    batch = {k: torch.as_tensor(np.stack([o[k] for o in obs_l])) for k in obs_l[0]}
+    return batch, np.stack(masks), torch.as_tensor(actions)
+
+
+def test_masked_passes_score_only_the_layer_slots_the_masks_allow(env: PlanBuilderEnv,
+                                                                  model: MaskablePPO) -> None:
+    """PPO's passes skip the layer-count logits that every mask of the batch forbids; the
+    masked distribution, values and log-probabilities are those of the full network."""
+    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+
+    from hetpar.agents.policy import layer_slots_allowed
+
+    policy = model.policy
+    batch, masks, actions = _episode_batch(env, model, 4)
+    layout = policy.features_extractor.layout
+    slots = layer_slots_allowed(masks, layout)
+    assert 0 < slots < layout.max_layers  # the test exercises the cut
+    assert layer_slots_allowed(masks[:1], layout) == 0  # the memory phase has none
+    with torch.no_grad():
+        values, log_prob, entropy = policy.evaluate_actions(batch, actions, masks)
+        # sb3-contrib's own pass, through the extractor's full output.
+        want = MaskableActorCriticPolicy.evaluate_actions(policy, batch, actions, masks)
+        for got, ref in zip((values, log_prob, entropy), want):
+            assert torch.allclose(got, ref, atol=1e-6)
+        torch.manual_seed(0)
+        sampled, v, lp = policy(batch, action_masks=masks)
+        torch.manual_seed(0)
+        ref = MaskableActorCriticPolicy.forward(policy, batch, action_masks=masks)
+        assert torch.equal(sampled, ref[0])
+        assert torch.allclose(v, ref[1], atol=1e-6) and torch.allclose(lp, ref[2], atol=1e-6)
+        assert masks[np.arange(len(masks)), sampled.numpy()].all()
+        # Without masks every slot is scored, as before.
+        full = policy.features_extractor(batch)
+        cut = policy.features_extractor(batch, layer_slots=slots)
+        start = layout.start("layers")
+        assert torch.equal(full[:, :start + slots], cut[:, :start + slots])
+        assert torch.all(cut[:, start + slots:start + layout.max_layers] == 0)
+
+
+def test_attention_edge_messages_equal_the_per_pair_formula(env: PlanBuilderEnv,
+                                                            model: MaskablePPO) -> None:
+    """The edge message, applied after the attention-weighted sum of the edge
+    embeddings, equals sum_j a_ij edge_msg(e_ij) computed pair by pair."""
+    from hetpar.agents import policy as policy_module
+
+    ex = model.policy.features_extractor
+    batch, _, _ = _episode_batch(env, model, 2)
+    block = ex.blocks[0]
+    n = int(batch["host_mask"].sum(1).max())
+    real = batch["host_mask"][:, :n] > 0.5
+    with torch.no_grad():
+        # Weights scaled up so that every term matters.
+        for p in block.parameters():
+            p.mul_(3.0)
+        try:
+            h = torch.randn(real.shape[0], n, ex.blocks[0].heads * ex.blocks[0].dk)
+            edges = ex.edge(batch["pairs"][:, :n, :n])
+            got = block(h, edges, real)
+
+            class PerPair(policy_module._AttentionBlock):
+                def forward(self, h, edges, key_mask):  # noqa: ANN001, ANN202
+                    b, n, d = h.shape
+                    q, k, v = self.qkv(self.norm1(h)).view(b, n, 3, self.heads,
+                                                           self.dk).unbind(2)
+                    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+                    scores = q @ k.transpose(-1, -2) / self.dk ** 0.5
+                    scores = scores + self.edge_bias(edges).permute(0, 3, 1, 2)
+                    scores = scores.masked_fill(~key_mask[:, None, None, :], -1e9)
+                    attn = torch.softmax(scores, dim=-1)
+                    msg = (attn @ v).transpose(1, 2).reshape(b, n, d)
+                    msg = msg + torch.einsum("bij,bijd->bid", attn.mean(1),
+                                             self.edge_msg(edges))
+                    h = h + self.out(msg)
+                    h = h + self.ffn(self.norm2(h))
+                    return h * key_mask[..., None].to(h.dtype)
+
+            ref = PerPair(block.heads * block.dk, block.heads, edges.shape[-1])
+            ref.load_state_dict(block.state_dict())
+            want = ref(h, edges, real)
+        finally:
+            for p in block.parameters():
+                p.div_(3.0)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)

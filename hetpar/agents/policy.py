@@ -37,13 +37,15 @@ import gymnasium as gym
 import numpy as np
 import torch as th
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from hetpar.envs.actions import ActionLayout
 from hetpar.envs.types import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES, GlobalFeature
 
-__all__ = ["HostAttentionExtractor", "HostAttentionPolicy", "layout_from_spaces"]
+__all__ = ["HostAttentionExtractor", "HostAttentionPolicy", "layout_from_spaces",
+           "layer_slots_allowed"]
 
 _G = GlobalFeature
 _LAYER_FEATURES = 6
@@ -93,7 +95,14 @@ class _AttentionBlock(nn.Module):
         scores = scores.masked_fill(~key_mask[:, None, None, :], -1e9)
         attn = th.softmax(scores, dim=-1)  # (B, heads, n, n)
         msg = (attn @ v).transpose(1, 2).reshape(b, n, d)
-        msg = msg + th.einsum("bij,bijd->bid", attn.mean(1), self.edge_msg(edges))
+        # sum_j a_ij (W e_ij + c) = W (sum_j a_ij e_ij) + c sum_j a_ij: the edge message is
+        # linear, so it is applied after the attention-weighted sum of the edge embeddings
+        # (B n e) rather than to every pair (B n n e -> B n n d): the same function, a
+        # fraction of the work of a training step.
+        mean_attn = attn.mean(1)  # (B, n, n)
+        pooled = (mean_attn[..., None] * edges).sum(2)  # (B, n, e)
+        msg = msg + nn.functional.linear(pooled, self.edge_msg.weight) + \
+            mean_attn.sum(-1, keepdim=True) * self.edge_msg.bias
         h = h + self.out(msg)
         h = h + self.ffn(self.norm2(h))
         return h * key_mask[..., None].to(h.dtype)
@@ -133,18 +142,22 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
             nn.init.orthogonal_(head.weight, gain=0.01)
             nn.init.zeros_(head.bias)
 
-    def _layer_features(self, g: th.Tensor) -> th.Tensor:
+    def _layer_features(self, g: th.Tensor, slots: int) -> th.Tensor:
         max_layers = float(self.layout.max_layers)
         total = (g[:, _G.MODEL_LAYERS] * max_layers).clamp(min=1.0)[:, None]  # L
         left = (g[:, _G.LAYERS_LEFT:_G.LAYERS_LEFT + 1] * total).clamp(min=1.0)
         cap = (g[:, _G.OPEN_CAPACITY:_G.OPEN_CAPACITY + 1] * total).clamp(min=1.0)
-        k = self.ks[None, :]
+        k = self.ks[None, :slots]
         feats = [k / total, (k / left).clamp(max=4.0), (1.0 - k / left).clamp(min=-3.0),
                  (th.abs(k - left) < 0.5).to(g.dtype), (k / cap).clamp(max=4.0),
                  (th.log1p(k) / math.log1p(max_layers)).expand_as(total * k)]
-        return th.stack(feats, dim=-1)  # (B, max_layers, F)
+        return th.stack(feats, dim=-1)  # (B, slots, F)
 
-    def forward(self, obs: dict[str, th.Tensor]) -> th.Tensor:
+    def forward(self, obs: dict[str, th.Tensor], layer_slots: int | None = None) -> th.Tensor:
+        """[logits | value latent] of a batch. With ``layer_slots``, the layer-count logits
+        are computed for ``k <= layer_slots`` only and the others are 0: for callers whose
+        action masks forbid them (PPO's passes: ``HostAttentionPolicy``), as the head costs
+        in proportion to the slots it scores."""
         hosts, mask, pairs, g = obs["hosts"], obs["host_mask"], obs["pairs"], obs["globals"]
         b, max_hosts = mask.shape
         real = mask > 0.5
@@ -164,12 +177,24 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
         mean = h.sum(1) / count
         mx = h.masked_fill(~real_n[..., None], -1e4).max(1).values.clamp(min=-1e3)
         z = self.pool(th.cat([mean, mx, gz], dim=-1))
-        host_logits = self.host_head(th.cat([h, z[:, None, :].expand(-1, n, -1)], dim=-1))
-        host_logits = host_logits.squeeze(-1) * real_n.to(h.dtype)
+        # The host head's first layer on [h_i, z], split: z's part once per row.
+        first, rest = self.host_head[0], self.host_head[1:]
+        dim = h.shape[-1]
+        hidden = nn.functional.linear(h, first.weight[:, :dim]) + \
+            nn.functional.linear(z, first.weight[:, dim:], first.bias)[:, None, :]
+        host_logits = rest(hidden).squeeze(-1) * real_n.to(h.dtype)
         if n < max_hosts:
             host_logits = th.cat([host_logits, host_logits.new_zeros(b, max_hosts - n)], dim=1)
-        kf = self.layer_k(self._layer_features(g))  # (B, L, d/2)
-        layer_logits = self.layer_out(kf + self.layer_z(z)[:, None, :]).squeeze(-1)
+        slots = self.layout.max_layers if layer_slots is None else \
+            min(max(int(layer_slots), 0), self.layout.max_layers)
+        if slots:
+            kf = self.layer_k(self._layer_features(g, slots))  # (B, slots, d/2)
+            layer_logits = self.layer_out(kf + self.layer_z(z)[:, None, :]).squeeze(-1)
+            if slots < self.layout.max_layers:
+                layer_logits = th.cat([layer_logits, layer_logits.new_zeros(
+                    b, self.layout.max_layers - slots)], dim=1)
+        else:
+            layer_logits = z.new_zeros(b, self.layout.max_layers)
         logits = th.cat([self.memory_head(z), self.micro_head(z), self.tp_head(z),
                          host_logits, layer_logits], dim=1)
         return th.cat([logits, self.value(z)], dim=1)
@@ -231,6 +256,43 @@ class HostAttentionPolicy(MaskableActorCriticPolicy):
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1),
                                               **self.optimizer_kwargs)
 
+    # PPO's two passes, as sb3-contrib writes them, but the extractor is told how many
+    # layer-count slots the masks can allow, so it scores no others (their logits are
+    # masked out whatever they are: the distribution is the same).
+    def forward(self, obs: th.Tensor, deterministic: bool = False,
+                action_masks: np.ndarray | None = None,
+                ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        latent_pi, latent_vf = self._latents(obs, action_masks)
+        values = self.value_net(latent_vf)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        if action_masks is not None:
+            distribution.apply_masking(action_masks)
+        actions = distribution.get_actions(deterministic=deterministic)
+        log_prob = distribution.log_prob(actions)
+        actions = actions.reshape((-1, *self.action_space.shape))  # type: ignore[misc]
+        return actions, values, log_prob
+
+    def evaluate_actions(self, obs: th.Tensor, actions: th.Tensor,
+                         action_masks: th.Tensor | np.ndarray | None = None,
+                         ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        latent_pi, latent_vf = self._latents(obs, action_masks)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        if action_masks is not None:
+            distribution.apply_masking(action_masks)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        return values, log_prob, distribution.entropy()
+
+    def _latents(self, obs: Any, action_masks: th.Tensor | np.ndarray | None,
+                 ) -> tuple[th.Tensor, th.Tensor]:
+        ex = self.features_extractor
+        assert isinstance(ex, HostAttentionExtractor)
+        slots = None if action_masks is None else layer_slots_allowed(action_masks, ex.layout)
+        features = ex(preprocess_obs(obs, self.observation_space,
+                                     normalize_images=self.normalize_images),
+                      layer_slots=slots)
+        return self.mlp_extractor(features)
+
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.pop("features_extractor_class", None)
@@ -246,6 +308,17 @@ class HostAttentionPolicy(MaskableActorCriticPolicy):
         with th.no_grad():
             features = self.extract_features(tensors)  # type: ignore[arg-type]
             return self.action_net(self.mlp_extractor.forward_actor(features))
+
+
+def layer_slots_allowed(action_masks: th.Tensor | np.ndarray, layout: ActionLayout) -> int:
+    """One more than the last layer-count slot that some row of ``action_masks`` allows
+    (0 when none does): the layer logits a masked pass needs."""
+    start = layout.start("layers")
+    block = action_masks.reshape(-1, layout.n)[:, start:start + layout.max_layers]
+    if isinstance(block, th.Tensor):
+        block = block.cpu().numpy()
+    cols = np.flatnonzero(np.asarray(block).any(axis=0))
+    return int(cols[-1]) + 1 if cols.size else 0
 
 
 def count_parameters(module: nn.Module) -> int:

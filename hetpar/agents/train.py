@@ -5,7 +5,7 @@ Configuration (YAML, in the style of rl-baselines3-zoo; ``configs/train/*.yaml``
     suite: train-small        # training suite (name or file)
     seed: 0
     total_timesteps: 200000
-    n_envs: 2                 # SubprocVecEnv when > 1
+    n_envs: 2                 # GroupedVecEnv (several envs per process) when > 1
     torch_threads: 1
     env:                      # PlanBuilderEnv keyword arguments
       max_hosts: 32
@@ -62,7 +62,7 @@ from hetpar.errors import ConfigError
 from hetpar.problem import POLICY_SAMPLES
 
 __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "TrainResult",
-           "resolve_train_config_path"]
+           "resolve_train_config_path", "make_vec_env", "make_model"]
 
 _TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads", "env",
                        "ppo", "policy_kwargs", "eval", "checkpoint", "description",
@@ -273,7 +273,8 @@ def _env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _make_env_fn(suite: str, env: Mapping[str, Any], rank: int, seed: int,
-                 subprocess: bool) -> Callable[[], Any]:
+                 subprocess: bool, wrap: Callable[[Any], Any] | None = None,
+                 ) -> Callable[[], Any]:
     env = dict(env)
 
     def make() -> Any:
@@ -287,11 +288,54 @@ def _make_env_fn(suite: str, env: Mapping[str, Any], rank: int, seed: int,
         from hetpar.agents.callbacks import StatsWrapper
         from hetpar.envs.env import PlanBuilderEnv
 
-        e = PlanBuilderEnv(suite, **env)
+        e: Any = PlanBuilderEnv(suite, **env)
         e.reset(seed=seed + rank)
+        if wrap is not None:
+            e = wrap(e)
         return Monitor(StatsWrapper(e), info_keywords=())
 
     return make
+
+
+def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
+                 workers: int | None = None) -> Any:
+    """The training environments of ``cfg``, as ``hetpar train`` runs them: ``n_envs``
+    ``PlanBuilderEnv``s in ``workers`` subprocesses (``GroupedVecEnv``; by default one
+    per core, at most one per environment), or in this process (``DummyVecEnv``) for one.
+
+    ``wrap`` (picklable) wraps each bare environment inside its worker, under the
+    training wrappers; benchmarks use it to time the environment where it runs."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from hetpar.agents.vecenv import GroupedVecEnv
+    from hetpar.envs.env import PlanBuilderEnv
+
+    # Check the suite (and a few instances) in this process first, for clear errors.
+    env_kwargs = _env_kwargs(cfg)
+    try:
+        PlanBuilderEnv(cfg.suite, max_hosts=cfg.env["max_hosts"], instances=cfg.env["instances"],
+                       **{k: v for k, v in env_kwargs.items() if k != "max_hosts"})
+    except ConfigError as exc:
+        raise ConfigError(cfg.source, "suite", f"{cfg.suite}: {exc}") from None
+    fns = [_make_env_fn(cfg.suite, {**env_kwargs, "instances": cfg.env["instances"]}, rank,
+                        cfg.seed, cfg.n_envs > 1, wrap) for rank in range(cfg.n_envs)]
+    return GroupedVecEnv(fns, workers) if cfg.n_envs > 1 else DummyVecEnv(fns)
+
+
+def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = None) -> Any:
+    """A fresh ``MaskablePPO`` with ``HostAttentionPolicy`` on ``vec_env``, as ``cfg`` asks
+    (what ``hetpar train`` trains when it does not resume)."""
+    from sb3_contrib import MaskablePPO
+
+    from hetpar.agents.policy import HostAttentionPolicy
+
+    ppo = dict(cfg.ppo)
+    ppo["learning_rate"] = _lr_schedule(ppo["learning_rate"])
+    policy_kwargs = dict(cfg.policy_kwargs, max_micro=cfg.env["max_micro"],
+                         max_tp_log2=cfg.env["max_tp"].bit_length() - 1)
+    return MaskablePPO(HostAttentionPolicy, vec_env, policy_kwargs=policy_kwargs,
+                       tensorboard_log=tensorboard_log, seed=cfg.seed, device="cpu",
+                       verbose=0, **ppo)
 
 
 def _lr_schedule(value: float | str) -> Any:
@@ -331,13 +375,11 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     from hetpar.agents.callbacks import (CheckpointCallback, EvalGapCallback,
                                          RichProgressCallback, StatsCallback,
                                          reference_problem, reference_values)
     from hetpar.agents.io import save_policy
-    from hetpar.agents.policy import HostAttentionPolicy
     from hetpar.envs.env import PlanBuilderEnv
     from hetpar.problem import DEFAULT_SEED
     from hetpar.problem.generator import load_suite
@@ -369,16 +411,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_dict(), sort_keys=False))
 
     torch.set_num_threads(cfg.torch_threads)
-    # Check the suite (and a few instances) in this process first, for clear errors.
     env_kwargs = _env_kwargs(cfg)
-    try:
-        PlanBuilderEnv(cfg.suite, max_hosts=cfg.env["max_hosts"], instances=cfg.env["instances"],
-                       **{k: v for k, v in env_kwargs.items() if k != "max_hosts"})
-    except ConfigError as exc:
-        raise ConfigError(cfg.source, "suite", f"{cfg.suite}: {exc}") from None
-    fns = [_make_env_fn(cfg.suite, {**env_kwargs, "instances": cfg.env["instances"]}, rank,
-                        cfg.seed, cfg.n_envs > 1) for rank in range(cfg.n_envs)]
-    vec_env = SubprocVecEnv(fns) if cfg.n_envs > 1 else DummyVecEnv(fns)
+    vec_env = make_vec_env(cfg)
 
     # Fixed evaluation set, with exact and metis values computed once per run folder.
     ev = cfg.eval
@@ -414,13 +448,7 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
                                      cfg.ppo["learning_rate"])},
                                  tensorboard_log=str(run_dir / "tb"))
     else:
-        ppo = dict(cfg.ppo)
-        ppo["learning_rate"] = _lr_schedule(ppo["learning_rate"])
-        policy_kwargs = dict(cfg.policy_kwargs, max_micro=cfg.env["max_micro"],
-                             max_tp_log2=cfg.env["max_tp"].bit_length() - 1)
-        model = MaskablePPO(HostAttentionPolicy, vec_env, policy_kwargs=policy_kwargs,
-                            tensorboard_log=str(run_dir / "tb"), seed=cfg.seed, device="cpu",
-                            verbose=0, **ppo)
+        model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"))
     start_steps = int(model.num_timesteps)
     best_path = run_dir / "best_policy.zip"
     history = run_dir / "eval_history.jsonl"

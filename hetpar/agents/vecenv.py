@@ -104,7 +104,7 @@ def _worker(remote: Any, parent_remote: Any, fns: CloudpickleWrapper) -> None:
             local, name, value = data
             for i in local:
                 setattr(envs[i], name, value)
-            remote.send(None)
+            remote.send([None] * len(local))
         elif cmd == "is_wrapped":
             local, wrapper = data
             remote.send([is_wrapped(envs[i], wrapper) for i in local])
@@ -244,14 +244,7 @@ class GroupedVecEnv(VecEnv):
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         self._masks = None
-        self._ask_none("set_attr", indices, attr_name, value)
-
-    def _ask_none(self, cmd: str, indices: VecEnvIndices, *payload: Any) -> None:
-        asked = self._by_worker(indices)
-        for worker, local in asked.items():
-            self.remotes[worker].send((cmd, (local, *payload)))
-        for worker in asked:
-            self.remotes[worker].recv()
+        self._ask("set_attr", indices, attr_name, value)
 
     def has_attr(self, attr_name: str) -> bool:
         for remote in self.remotes:

@@ -293,14 +293,12 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # worker, each part the subtrees of every n-th GPU count of the next stage: a
         # worker's subtrees then share its bound tables (one task per subtree spread
         # siblings over the workers, and each rebuilt the tables the other had built).
-        if lazy:
-            firsts = first_stage_tasks(space, largest_first=False)
-        else:
-            firsts = iter(listed := sorted(root_tasks(problem, depth=1), key=_taken))
+        firsts = first_stage_tasks(space, largest_first=False) if lazy else iter(
+            sorted(root_tasks(problem, depth=1), key=_taken))
         head = next(firsts, None)
         subtrees = itertools.chain(
             split_task(problem, head, parts=workers) if head is not None else [], firsts)
-        if listed:
+        if not lazy:
             subtrees = listed = list(subtrees)
         # The seeds run on the workers too, first: a worker starts on the subtrees once
         # its seed is done (the incumbent it leaves prunes them), and the dive offers each

@@ -129,6 +129,61 @@ def test_interrupted_build_keeps_what_it_finished_and_a_rerun_skips_it(capsys, t
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_retry_solves_unproven_entries_again_from_their_plan_and_keeps_the_best(capsys,
+                                                                             copy):
+    """--retry re-solves only the entries not proven optimal, with the stored plan among
+    the starts, and merges: the better plan, the higher bound, the attempts counted."""
+    refs = load_references(copy)
+    proven = {i: e for i, e in refs.entries.items() if e.optimal}
+    assert 0 in proven, "tiny-0 is proven within the limit"
+    # Entry 0 as a stopped search would have left it: a weak bound, not proven.
+    weak = proven[0].lower_bound_s / 2
+    _edit(copy, lambda d: d["instances"][0].update(lower_bound_s=weak, gap=1.0,
+                                                   optimal=False))
+    before = load_references(copy).entries
+    again = sorted(i for i, e in before.items() if not e.optimal)  # 0, and 1 if unproven
+    code, out, err = run(capsys, "reference", "build", "tiny", "--n", "2", "--time-limit",
+                         LIMIT, "--seeds", ",".join(SEEDS), "--out", copy, "--retry")
+    assert code == 0, err
+    assert f"{len(again)} solved ({len(again)} of them again)" in out
+    after = load_references(copy)
+    for i, old in before.items():
+        e = after.entries[i]
+        if i not in again:
+            assert e == old  # proven: as it was
+            continue
+        assert e.attempts == 2 and e.wall_s > old.wall_s
+        assert e.value_s <= old.value_s * (1 + 1e-12)
+        assert e.lower_bound_s >= old.lower_bound_s
+    e = after.entries[0]
+    assert e.optimal and e.lower_bound_s > weak
+    assert check(after) == []
+    # Without --retry a re-run skips every entry, proven or not.
+    code, out, err = run(capsys, "reference", "build", "tiny", "--n", "2", "--time-limit",
+                         LIMIT, "--seeds", ",".join(SEEDS), "--out", copy)
+    assert code == 0 and "0 solved, 2 done before" in out
+
+
+def test_merge_keeps_the_better_plan_and_the_higher_bound(built):
+    import dataclasses
+
+    e = load_references(built).entries[0]
+    worse = dataclasses.replace(e, value_s=e.value_s * 1.5, lower_bound_s=e.value_s * 0.5,
+                                optimal=False, found_by="metis", wall_s=1.0)
+    # A later attempt that found the better plan but proved less: plan from it, bound
+    # from the earlier one.
+    a = reference.merge(dataclasses.replace(worse, lower_bound_s=e.value_s * 0.9), e)
+    assert a.value_s == e.value_s and a.found_by == e.found_by
+    assert a.lower_bound_s == e.lower_bound_s and a.attempts == 2
+    # A tie keeps the earlier plan's credit; a bound is never above the plan's value.
+    b = reference.merge(dataclasses.replace(e, found_by="first"),
+                        dataclasses.replace(e, found_by="second",
+                                            lower_bound_s=e.value_s * 2))
+    assert b.found_by == "first" and b.lower_bound_s == e.value_s and b.optimal
+    c = reference.merge(e, worse)
+    assert c.value_s == e.value_s and c.wall_s == e.wall_s + 1.0
+
+
 def test_a_build_stopped_mid_instance_keeps_the_finished_ones(monkeypatch, copy):
     _edit(copy, lambda d: d["instances"].pop())  # instance 1 not done yet
     done = copy.read_bytes()

@@ -13,7 +13,10 @@ search with a time limit in a child process that is killed ``grace_s`` after it
 (``solvers.isolated``), so an overrun costs a bounded time and never the build. The best
 plan of all becomes the entry; the bound is the exact search's. The file is rewritten
 (temp file, then rename) after every instance, so an interrupted build keeps what it
-finished and a re-run skips it.
+finished and a re-run skips it. With ``retry`` a re-run solves the entries not proven
+optimal again, the stored plan among the exact search's starts, and keeps the better plan
+and the higher bound of the two attempts (``merge``): both bounds hold under the file's
+header, so the larger one does.
 
 ``check`` re-scores every stored plan under the current cost model (``Problem.value``)
 and reports what is stale: a header for another cost model or suite, an instance the
@@ -57,6 +60,7 @@ __all__ = [
     "find_reference",
     "instance_digest",
     "load_references",
+    "merge",
     "suite_id",
 ]
 
@@ -131,6 +135,7 @@ class Entry:
     workers: int
     exact: dict[str, Any] = field(default_factory=dict)  # value, bound, stopped, wall, error
     seeds: dict[str, float | None] = field(default_factory=dict)  # value per seed method
+    attempts: int = 1  # builds that solved this instance (``build(..., retry=True)``)
 
     @property
     def gap(self) -> float | None:
@@ -151,14 +156,15 @@ class Entry:
                 "optimal": self.optimal, "found_by": self.found_by,
                 "wall_s": round(self.wall_s, 3), "time_limit_s": self.time_limit_s,
                 "workers": self.workers, "exact": self.exact,
-                "seeds": {k: _num(v) for k, v in self.seeds.items()}, "plan": self.plan}
+                "seeds": {k: _num(v) for k, v in self.seeds.items()},
+                "attempts": self.attempts, "plan": self.plan}
 
     @classmethod
     def from_dict(cls, r: Reader) -> Entry:
         r.check_keys(frozenset({"index", "name", "instance_digest", "hosts", "gpus", "model",
                                 "value_s", "lower_bound_s", "gap", "optimal", "found_by",
                                 "wall_s", "time_limit_s", "workers", "exact", "seeds",
-                                "plan"}))
+                                "attempts", "plan"}))
         plan = r.raw("plan", None)
         if plan is not None and not isinstance(plan, dict):
             raise r.error("plan", f"expected a plan mapping or null, got {plan!r}")
@@ -184,7 +190,8 @@ class Entry:
                    time_limit_s=r.number("time_limit_s", 0.0, nonnegative=True),
                    workers=r.int("workers", 1, minimum=1), exact=dict(exact),
                    seeds={str(k): (math.inf if v is None else float(v))
-                          for k, v in seeds.items()})
+                          for k, v in seeds.items()},
+                   attempts=r.int("attempts", 1, minimum=1))
 
 
 def _num(x: float | None) -> float | None:
@@ -330,11 +337,12 @@ def _label(method: str, found_by: str) -> str:
 
 def solve_instance(problem: Problem, instance: Instance, index: int, *, time_limit: float,
                    workers: int = 1, seeds: Sequence[str] = DEFAULT_SEEDS, policy: Any = None,
-                   grace_s: float | None = None, memory_gib: float = 8.0) -> Entry:
+                   grace_s: float | None = None, memory_gib: float = 8.0,
+                   starts: Sequence[tuple[str, Plan]] = ()) -> Entry:
     """The reference entry of one instance: the seeds' plans here, then exact in a
-    child process with those plans as its starts (they prune its search, and a seed's
-    plan the search cannot beat comes back credited to it); the best plan of all, the
-    exact search's bound."""
+    child process with those plans and ``starts`` as its starts (they prune its search,
+    and a seed's plan the search cannot beat comes back credited to it); the best plan
+    of all, the exact search's bound."""
     from hetpar.agents import planning
     from hetpar.solvers.isolated import run_isolated
 
@@ -344,7 +352,7 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
     found: list[tuple[float, dict[str, Any] | None, str]] = []
     seed_values: dict[str, float | None] = {}
     grace = max(10.0, time_limit) if grace_s is None else grace_s
-    starts: list[tuple[str, Plan]] = []
+    starts = list(starts)
     for method in seeds:
         options: dict[str, Any] = {}
         if method == "local-search":
@@ -391,11 +399,30 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
                  workers=workers, exact=exact, seeds=seed_values)
 
 
+def merge(old: Entry, new: Entry) -> Entry:
+    """Two attempts at one instance under one header as one entry: the better plan (the
+    old one on a tie, with its credit) and the higher bound (each holds, so the larger
+    does); ``exact``, ``seeds``, the time limit and workers are the new attempt's, the
+    wall time their sum."""
+    keep_old = old.plan is not None and not new.value_s < old.value_s * (1 - TIE)
+    best = old if keep_old else new
+    bounds = [b for b in (old.lower_bound_s, new.lower_bound_s) if b is not None]
+    lb = max(bounds) if bounds else None
+    if lb is not None and math.isfinite(best.value_s):
+        lb = min(lb, best.value_s)  # a bound above a plan's value is no tighter
+    optimal = best.plan is not None and lb is not None and best.value_s <= lb * (1 + TIE)
+    return dataclasses.replace(new, plan=best.plan, value_s=best.value_s, lower_bound_s=lb,
+                               optimal=optimal, found_by=best.found_by,
+                               wall_s=old.wall_s + new.wall_s,
+                               attempts=old.attempts + new.attempts)
+
+
 @dataclass
 class BuildReport:
     references: References
     solved: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    retried: list[int] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -403,13 +430,15 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
           out: str | Path | None = None, objective: str = "mean",
           samples: int = POLICY_SAMPLES, seed: int = DEFAULT_SEED,
           seeds: Sequence[str] = DEFAULT_SEEDS, policy: Any = None,
-          grace_s: float | None = None, memory_gib: float = 8.0,
+          grace_s: float | None = None, memory_gib: float = 8.0, retry: bool = False,
           log: Callable[[str], None] | None = None) -> BuildReport:
     """Build (or resume) the reference file of instances ``0 .. n-1`` of ``suite``.
 
     An existing file at ``out`` (default ``default_path``) must match the suite, the cost
     model, the objective, samples and seed (ConfigError otherwise); its entries for this
-    suite's instances are kept and skipped. The file is saved after every instance."""
+    suite's instances are kept and skipped, or with ``retry`` those not proven optimal
+    are solved again from their stored plan and merged (``merge``). The file is saved
+    after every instance."""
     if isinstance(suite, (str, Path)):
         from hetpar.problem.generator import load_suite
         suite = load_suite(suite)
@@ -441,7 +470,9 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
     for i in range(n):
         inst = suite.instance(i)
         old = refs.entries.get(i)
-        if old is not None and old.instance_digest == instance_digest(inst):
+        if old is not None and old.instance_digest != instance_digest(inst):
+            old = None  # another instance's entry: solved afresh
+        if old is not None and (old.optimal or not retry or old.plan is None):
             report.skipped.append(i)
             if log:
                 log(f"#{i} {inst.name}: done before, skipped")
@@ -450,9 +481,16 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
             from hetpar.agents.planner import check_hosts
             check_hosts(policy, inst, f"{suite.name} instance {inst.name}")
         problem = Problem.from_instance(inst, objective=obj, samples=samples, seed=seed)
+        starts: tuple[tuple[str, Plan], ...] = ()
+        if old is not None:
+            assert old.plan is not None
+            starts = (("reference", Plan.from_dict(old.plan)),)
         entry = solve_instance(problem, inst, i, time_limit=time_limit, workers=workers,
                                seeds=seeds, policy=policy, grace_s=grace_s,
-                               memory_gib=memory_gib)
+                               memory_gib=memory_gib, starts=starts)
+        if old is not None:
+            entry = merge(old, entry)
+            report.retried.append(i)
         refs.entries[i] = entry
         refs.save(path)
         report.solved.append(i)

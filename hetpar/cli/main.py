@@ -800,7 +800,8 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
         description="Solve instances 0 .. N-1: the seed methods, then exact with the time "
                     "limit in a child process killed after a grace period; keep the best "
                     "plan and exact's bound. The file is saved after every instance, so an "
-                    "interrupted build keeps what it finished and a re-run skips it.")
+                    "interrupted build keeps what it finished and a re-run skips it (with "
+                    "--retry, solves the unproven ones again from their stored plan).")
     b.add_argument("suite", metavar="SUITE", help="bundled suite name or suite file")
     b.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
     b.add_argument("--time-limit", type=float, default=60.0, metavar="S",
@@ -822,6 +823,9 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--grace", type=float, default=None, metavar="S",
                    help="stop an exact search S seconds past its limit (default max(10, "
                         "time limit))")
+    b.add_argument("--retry", action="store_true",
+                   help="solve the stored entries not proven optimal again, their plan among "
+                        "the starts; keep the better plan and the higher bound")
     b.set_defaults(func=_cmd_reference_build)
     c = rsub.add_parser(
         "check", help="re-score every stored plan and report what is stale",
@@ -863,10 +867,11 @@ def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
                    out=args.out, objective=args.objective,
                    samples=args.samples if args.samples is not None else POLICY_SAMPLES,
                    seed=args.seed, seeds=seeds, policy=args.policy, grace_s=args.grace,
-                   log=log)
+                   retry=args.retry, log=log)
     refs = report.references
     done = [refs.entries[i] for i in range(args.n) if i in refs.entries]
-    console.print(f"{len(report.solved)} solved, {len(report.skipped)} done before, in "
+    again = f" ({len(report.retried)} of them again)" if report.retried else ""
+    console.print(f"{len(report.solved)} solved{again}, {len(report.skipped)} done before, in "
                   f"{report.wall_s:.1f} s; {sum(e.optimal for e in done)} of {len(done)} proven "
                   f"optimal; wrote {refs.path}", highlight=False, soft_wrap=True)
     return 0

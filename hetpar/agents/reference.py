@@ -378,8 +378,8 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
         found.append((ex.value, ex.plan, _label("exact", ex.found_by)))
     # Should the child have died, the seeds' plans still stand (exact's first: on a tie
     # it keeps the credit, as it proved or failed to beat the plan).
-    for method, plan in starts:
-        found.append((problem.value(plan), plan.to_dict(), method))
+    for method, given in starts:
+        found.append((problem.value(given), given.to_dict(), method))
     best = min(found, key=lambda f: f[0]) if found else (math.inf, None, "")
     value, plan, by = best
     if plan is not None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import signal
 import time
@@ -66,7 +67,7 @@ __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "T
 
 _TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads", "env",
                        "ppo", "policy_kwargs", "eval", "checkpoint", "description",
-                       "imitation"})
+                       "imitation", "finetune"})
 _ENV_KEYS = frozenset({"max_hosts", "objective", "bandwidth", "samples", "instances",
                        "max_layers", "max_micro", "max_tp"})
 _PPO_FLOAT = ("gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm")
@@ -75,6 +76,11 @@ _PPO_KEYS = frozenset({"learning_rate", "clip_range", "target_kl", *_PPO_FLOAT, 
 _POLICY_KEYS = frozenset({"dim", "heads", "rounds", "edge_dim", "value_dim"})
 _EVAL_KEYS = frozenset({"suite", "start", "n", "freq", "exact_time_limit", "samples"})
 _CKPT_KEYS = frozenset({"freq", "keep"})
+_FINETUNE_KEYS = frozenset({"init_policy", "reward", "repeat", "anchor_coef", "value_warmup"})
+# What PPO learns from and where it starts (hetpar/agents/shaping.py, anchored.py); the
+# defaults are plain MaskablePPO on the utilisation reward from a fresh network.
+FINETUNE_DEFAULTS: dict[str, Any] = {"init_policy": None, "reward": "mfu", "repeat": 1,
+                                     "anchor_coef": 0.0, "value_warmup": 0}
 _IMITATION_KEYS = frozenset({"experts", "exact_time_limit", "instances", "workers", "epochs",
                              "batch_size", "learning_rate", "vf_coef", "holdout", "cache"})
 
@@ -97,6 +103,7 @@ class TrainConfig:
     eval: dict[str, Any]
     checkpoint: dict[str, Any]
     imitation: dict[str, Any] | None = None  # behaviour cloning before PPO (imitation.py)
+    finetune: dict[str, Any] = field(default_factory=lambda: dict(FINETUNE_DEFAULTS))
     name: str = "train"
     source: str = "<dict>"
     description: str = ""
@@ -107,7 +114,9 @@ class TrainConfig:
                 "env": dict(self.env), "ppo": dict(self.ppo),
                 "policy_kwargs": dict(self.policy_kwargs), "eval": dict(self.eval),
                 "checkpoint": dict(self.checkpoint), "description": self.description,
-                **({"imitation": dict(self.imitation)} if self.imitation is not None else {})}
+                **({"imitation": dict(self.imitation)} if self.imitation is not None else {}),
+                **({"finetune": dict(self.finetune)} if self.finetune != FINETUNE_DEFAULTS
+                   else {})}
 
     def with_overrides(self, *, timesteps: int | None = None, seed: int | None = None,
                        n_envs: int | None = None) -> TrainConfig:
@@ -191,6 +200,7 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
     ck_r.check_keys(_CKPT_KEYS)
     ck = {"freq": ck_r.int("freq", 50_000, minimum=0), "keep": ck_r.int("keep", 3, minimum=1)}
     imitation = _parse_imitation(r)
+    finetune = _parse_finetune(r)
     cfg = TrainConfig(suite=suite, seed=r.int("seed", 0, minimum=0),
                       # With imitation, 0 timesteps of PPO leaves the cloned policy.
                       total_timesteps=r.int("total_timesteps",
@@ -198,9 +208,24 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
                       n_envs=r.int("n_envs", 1, minimum=1),
                       torch_threads=r.int("torch_threads", 1, minimum=1), env=env, ppo=ppo,
                       policy_kwargs=pol, eval=ev, checkpoint=ck, imitation=imitation,
-                      name=name, source=source,
+                      finetune=finetune, name=name, source=source,
                       description=str(r.raw("description", "")).strip())
     return cfg
+
+
+def _parse_finetune(r: Reader) -> dict[str, Any]:
+    from hetpar.agents.shaping import REWARDS
+
+    ft = r.sub("finetune", {})
+    ft.check_keys(_FINETUNE_KEYS)
+    init = ft.raw("init_policy", None)
+    if init is not None and (not isinstance(init, str) or not init.strip()):
+        raise ft.error("init_policy", f"expected a policy file or 'shipped', got {init!r}")
+    return {"init_policy": init,
+            "reward": ft.choice("reward", REWARDS, "mfu"),
+            "repeat": ft.int("repeat", 1, minimum=1),
+            "anchor_coef": ft.number("anchor_coef", 0.0, nonnegative=True),
+            "value_warmup": ft.int("value_warmup", 0, minimum=0)}
 
 
 def _parse_imitation(r: Reader) -> dict[str, Any] | None:
@@ -298,13 +323,16 @@ def _make_env_fn(suite: str, env: Mapping[str, Any], rank: int, seed: int,
 
 
 def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
-                 workers: int | None = None) -> Any:
+                 workers: int | None = None, reward_refs: dict[str, float] | None = None,
+                 ) -> Any:
     """The training environments of ``cfg``, as ``hetpar train`` runs them: ``n_envs``
     ``PlanBuilderEnv``s in ``workers`` subprocesses (``GroupedVecEnv``; by default one
     per core, at most one per environment), or in this process (``DummyVecEnv``) for one.
 
     ``wrap`` (picklable) wraps each bare environment inside its worker, under the
-    training wrappers; benchmarks use it to time the environment where it runs."""
+    training wrappers; benchmarks use it to time the environment where it runs.
+    ``reward_refs``: the ``log_metis`` reward's references (``shaping.reference_table``),
+    else each worker computes them as it meets the instances."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from hetpar.agents.vecenv import GroupedVecEnv
@@ -317,6 +345,9 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
                        **{k: v for k, v in env_kwargs.items() if k != "max_hosts"})
     except ConfigError as exc:
         raise ConfigError(cfg.source, "suite", f"{cfg.suite}: {exc}") from None
+    from hetpar.agents.shaping import shaping
+
+    wrap = shaping(cfg.finetune["reward"], cfg.finetune["repeat"], wrap, reward_refs)
     fns = [_make_env_fn(cfg.suite, {**env_kwargs, "instances": cfg.env["instances"]}, rank,
                         cfg.seed, cfg.n_envs > 1, wrap) for rank in range(cfg.n_envs)]
     return GroupedVecEnv(fns, workers) if cfg.n_envs > 1 else DummyVecEnv(fns)
@@ -324,18 +355,50 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
 
 def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = None) -> Any:
     """A fresh ``MaskablePPO`` with ``HostAttentionPolicy`` on ``vec_env``, as ``cfg`` asks
-    (what ``hetpar train`` trains when it does not resume)."""
-    from sb3_contrib import MaskablePPO
-
+    (what ``hetpar train`` trains when it does not resume): ``AnchoredMaskablePPO`` when
+    ``finetune`` asks for an anchor or a value warm-up, and with ``finetune.init_policy``
+    the weights of that policy file (``init_weights``)."""
     from hetpar.agents.policy import HostAttentionPolicy
 
     ppo = dict(cfg.ppo)
     ppo["learning_rate"] = _lr_schedule(ppo["learning_rate"])
     policy_kwargs = dict(cfg.policy_kwargs, max_micro=cfg.env["max_micro"],
                          max_tp_log2=cfg.env["max_tp"].bit_length() - 1)
-    return MaskablePPO(HostAttentionPolicy, vec_env, policy_kwargs=policy_kwargs,
-                       tensorboard_log=tensorboard_log, seed=cfg.seed, device="cpu",
-                       verbose=0, **ppo)
+    cls, extra = _algorithm(cfg)
+    model = cls(HostAttentionPolicy, vec_env, policy_kwargs=policy_kwargs,
+                tensorboard_log=tensorboard_log, seed=cfg.seed, device="cpu", verbose=0,
+                **ppo, **extra)
+    if cfg.finetune["init_policy"] is not None:
+        init_weights(model, cfg.finetune["init_policy"], cfg.source)
+    return model
+
+
+def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
+    ft = cfg.finetune
+    if ft["anchor_coef"] > 0 or ft["value_warmup"] > 0:
+        from hetpar.agents.anchored import AnchoredMaskablePPO
+
+        return AnchoredMaskablePPO, {"anchor_coef": ft["anchor_coef"],
+                                     "value_warmup": ft["value_warmup"]}
+    from sb3_contrib import MaskablePPO
+
+    return MaskablePPO, {}
+
+
+def init_weights(model: Any, policy_file: str, source: str = "") -> None:
+    """Copy the network weights of a policy file (``shipped``: the shipped policy) into
+    ``model``'s policy; its architecture must be the config's (ConfigError otherwise)."""
+    from hetpar.agents.io import load_policy
+
+    bundle = load_policy(None if policy_file == "shipped" else policy_file)
+    try:
+        model.policy.load_state_dict(bundle.model.policy.state_dict())
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        raise ConfigError(source, "finetune.init_policy",
+                          f"{bundle.path}: its network does not match the config's "
+                          f"policy_kwargs ({first[1].strip() if len(first) > 1 else first[0]})"
+                          ) from None
 
 
 def _lr_schedule(value: float | str) -> Any:
@@ -373,7 +436,6 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     A ``KeyboardInterrupt`` during training saves ``interrupted_policy.zip`` in the run
     folder and returns with ``interrupted=True``."""
     import torch
-    from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import CallbackList
 
     from hetpar.agents.callbacks import (CheckpointCallback, EvalGapCallback,
@@ -412,7 +474,21 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
 
     torch.set_num_threads(cfg.torch_threads)
     env_kwargs = _env_kwargs(cfg)
-    vec_env = make_vec_env(cfg)
+    reward_refs = None
+    if cfg.finetune["reward"] == "log_metis":
+        from hetpar.agents.shaping import reference_table
+
+        samples = cfg.env["samples"] if cfg.env["bandwidth"] == "robust" else 0
+        from hetpar.envs.sources import as_source
+
+        # The environments' pool: ``instances``, or the suite's default pool.
+        count = as_source(load_suite(cfg.suite), cfg.env["instances"]).count
+        cache = runs / "reward-cache" / f"{cfg.suite}-{cfg.env['objective']}-{samples}.json"
+        reward_refs = reference_table(cfg.suite, count, objective=cfg.env["objective"],
+                                      samples=samples, cache=cache,
+                                      workers=max(1, min(cfg.n_envs, os.cpu_count() or 1)),
+                                      log=say)
+    vec_env = make_vec_env(cfg, reward_refs=reward_refs)
 
     # Fixed evaluation set, with exact and metis values computed once per run folder.
     ev = cfg.eval
@@ -443,16 +519,18 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
 
     if resume_from is not None:
         say(f"resuming {name} from {resume_from.name}")
-        model = MaskablePPO.load(resume_from, env=vec_env, device="cpu",
-                                 custom_objects={"learning_rate": _lr_schedule(
-                                     cfg.ppo["learning_rate"])},
-                                 tensorboard_log=str(run_dir / "tb"))
+        cls, extra = _algorithm(cfg)
+        model = cls.load(resume_from, env=vec_env, device="cpu",
+                         custom_objects={"learning_rate": _lr_schedule(
+                             cfg.ppo["learning_rate"]), **extra},
+                         tensorboard_log=str(run_dir / "tb"))
     else:
         model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"))
     start_steps = int(model.num_timesteps)
     best_path = run_dir / "best_policy.zip"
     history = run_dir / "eval_history.jsonl"
     best_so_far = _best_from_history(history) if resume else math.inf
+    imitation_stats: dict[str, Any] | None = None
     if cfg.imitation is not None and resume_from is None:
         try:
             imitation_stats = _pretrain(model, cfg, run_dir, runs, say)
@@ -463,20 +541,37 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
             return TrainResult(run_dir, None, None, 0, 0.0, True, None, messages)
         path = save(model, run_dir / IMITATION_FILE, {"imitation": imitation_stats})
         say(f"imitation policy saved to {path}")
+    init = cfg.finetune["init_policy"]
+    if resume_from is None and init is not None and cfg.imitation is None:
+        say(f"PPO starts from the weights of {'the shipped policy' if init == 'shipped' else init}")
+    start_phase = ("imitation" if cfg.imitation is not None else
+                   "init" if init is not None else None)
+    if resume_from is None and start_phase is not None:
         if eval_env is not None:
             from hetpar.agents.callbacks import evaluate_policy_gaps
 
             res = evaluate_policy_gaps(model, eval_env, refs, eval_problems)
             res["timesteps"] = 0
-            res["phase"] = "imitation"
+            res["phase"] = start_phase
             with history.open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in res.items() if k != "values"},
                                     default=str) + "\n")
-            say(f"eval after imitation: gap to exact mean {res['gap_exact_mean']:.2%} "
+            say(f"eval after {start_phase}: gap to exact mean {res['gap_exact_mean']:.2%} "
                 f"p90 {res['gap_exact_p90']:.2%}, to metis mean {res['gap_metis_mean']:.2%}")
             if math.isfinite(res["gap_exact_mean"]):
                 best_so_far = res["gap_exact_mean"]
-                save(model, best_path, {"eval": _summary(res), "imitation": imitation_stats})
+                save(model, best_path, {"eval": _summary(res),
+                                        **({"imitation": imitation_stats}
+                                           if imitation_stats is not None else {})})
+    if hasattr(model, "set_anchor"):
+        # The anchor is the policy PPO starts from: the clone, the initial weights, or
+        # (on resume) those again; a resumed run without either anchors where it resumes.
+        if resume_from is not None and init is not None:
+            from hetpar.agents.io import load_policy
+
+            model.set_anchor(load_policy(None if init == "shipped" else init).model.policy)
+        elif resume_from is None or init is None:
+            model.set_anchor()
     callbacks: list[Any] = [StatsCallback()]
     eval_cb = None
     if eval_env is not None:

@@ -389,6 +389,14 @@ class PlanBuilderEnv(gym.Env):
         return self._ep.ctx.instance
 
     @property
+    def instance_index(self) -> int:
+        """The suite index of the current episode's instance (``reset(options={"instance":
+        i})`` starts another episode on it)."""
+        if self._ep is None:
+            raise RuntimeError("call reset() first")
+        return self._ep.index
+
+    @property
     def context(self) -> InstanceContext:
         """The current instance's precomputed tables (cost model, plan space, feasibility
         oracles): internals, for tests and diagnostics, which may change."""

@@ -1,0 +1,173 @@
+"""PPO kept near the policy it starts from: ``AnchoredMaskablePPO``.
+
+Fine-tuning a behaviour clone with plain PPO made it worse (docs/agents.md): the clone's
+value head was never trained on PPO's returns, so the first updates follow advantages
+that are mostly the value head's error, and nothing pulls the policy back once it has
+drifted. Two changes to sb3-contrib's ``MaskablePPO`` update:
+
+* ``anchor_coef`` > 0 adds ``anchor_coef * KL(anchor || policy)`` to the loss, the
+  anchor being a frozen copy of the policy PPO started from (``set_anchor``), the KL
+  taken over the masked action distribution of every state in the minibatch. PPO may
+  move the policy where its advantages say so, at a price that grows with the distance.
+* ``value_warmup`` > 0: the first that many updates train the value head only (the
+  value layers after the shared trunk: the policy loss, entropy bonus and anchor term
+  are left out, and no other parameter moves), so the advantages are measured against
+  a value head fitted to the policy's own returns before the policy moves.
+
+The update is otherwise sb3-contrib's (clipped surrogate, optional value clipping,
+advantage normalisation, ``target_kl`` early stop, gradient clipping), written against
+its public rollout buffer and policy interface. Logged besides SB3's ``train/*``:
+``train/kl_anchor`` (mean KL to the anchor over the update's minibatches) and
+``train/value_warmup`` (1 while warming up).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch as th
+import torch.nn.functional as F
+from gymnasium import spaces
+from sb3_contrib import MaskablePPO
+from stable_baselines3.common.utils import explained_variance
+
+__all__ = ["AnchoredMaskablePPO", "kl_to"]
+
+
+def _masked_log_probs(policy: Any, obs: Any, masks: Any) -> tuple[th.Tensor, Any, th.Tensor]:
+    """(normalised log-probabilities of every action, the distribution, the values)."""
+    latent_pi, latent_vf = policy._latents(obs, masks)
+    dist = policy._get_action_dist_from_latent(latent_pi)
+    if masks is not None:
+        dist.apply_masking(masks)
+    return dist.distribution.logits, dist, policy.value_net(latent_vf)
+
+
+def kl_to(anchor_log_probs: th.Tensor, log_probs: th.Tensor) -> th.Tensor:
+    """Per-row ``KL(anchor || policy)`` of two masked categorical distributions (masked
+    actions have probability 0 under both and add nothing)."""
+    p = anchor_log_probs.exp()
+    # Where p is 0, the masked log-probabilities are huge negative numbers whose
+    # difference is harmless once multiplied by 0, but may be inf - inf: zero them.
+    diff = th.where(p > 0, anchor_log_probs - log_probs, th.zeros_like(log_probs))
+    return (p * diff).sum(-1)
+
+
+class AnchoredMaskablePPO(MaskablePPO):
+    """``MaskablePPO`` with a KL term to a frozen anchor policy and a value warm-up."""
+
+    def __init__(self, *args: Any, anchor_coef: float = 0.0, value_warmup: int = 0,
+                 **kwargs: Any) -> None:
+        self.anchor_coef = float(anchor_coef)
+        self.value_warmup = int(value_warmup)
+        self.anchor: Any = None
+        super().__init__(*args, **kwargs)
+
+    def set_anchor(self, policy: Any | None = None) -> None:
+        """Anchor to a frozen copy of ``policy`` (default: the current policy)."""
+        anchor = copy.deepcopy(policy if policy is not None else self.policy)
+        anchor.set_training_mode(False)
+        for p in anchor.parameters():
+            p.requires_grad_(False)
+        self.anchor = anchor
+
+    def _value_parameters(self) -> list[th.nn.Parameter]:
+        """The value head's own layers: ``value_net`` and the extractor's ``value`` MLP
+        where the policy has one (``HostAttentionPolicy``)."""
+        params = list(self.policy.value_net.parameters())
+        head = getattr(self.policy.features_extractor, "value", None)
+        if isinstance(head, th.nn.Module):
+            params += list(head.parameters())
+        return params
+
+    def _excluded_save_params(self) -> list[str]:
+        # The anchor is a copy of a policy file the run names; it is not saved twice.
+        return [*super()._excluded_save_params(), "anchor"]
+
+    def train(self) -> None:
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
+        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range_vf = (None if self.clip_range_vf is None else
+                         self.clip_range_vf(self._current_progress_remaining))  # type: ignore[operator]
+        warming = self._n_updates < self.value_warmup * self.n_epochs
+        anchored = self.anchor is not None and self.anchor_coef > 0 and not warming
+        value_params = {id(p) for p in self._value_parameters()} if warming else set()
+        entropy_losses, pg_losses, value_losses, clip_fractions, kls = [], [], [], [], []
+        approx_kl_divs: list[float] = []
+        continue_training = True
+        loss = th.zeros(())
+        for epoch in range(self.n_epochs):
+            approx_kl_divs = []
+            for data in self.rollout_buffer.get(self.batch_size):
+                actions = data.actions
+                if isinstance(self.action_space, spaces.Discrete):
+                    actions = actions.long().flatten()
+                log_probs, dist, values = _masked_log_probs(self.policy, data.observations,
+                                                            data.action_masks)
+                values = values.flatten()
+                log_prob = dist.log_prob(actions)
+                entropy = dist.entropy()
+                advantages = data.advantages
+                if self.normalize_advantage and len(advantages) > 1:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                ratio = th.exp(log_prob - data.old_log_prob)
+                surrogate = th.min(advantages * ratio,
+                                   advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
+                policy_loss = -surrogate.mean()
+                pg_losses.append(policy_loss.item())
+                clip_fractions.append(th.mean((th.abs(ratio - 1) > clip_range).float()).item())
+                values_pred = values if clip_range_vf is None else data.old_values + th.clamp(
+                    values - data.old_values, -clip_range_vf, clip_range_vf)
+                value_loss = F.mse_loss(data.returns, values_pred)
+                value_losses.append(value_loss.item())
+                entropy_loss = -th.mean(entropy) if entropy is not None else th.mean(log_prob)
+                entropy_losses.append(entropy_loss.item())
+                if warming:
+                    loss = self.vf_coef * value_loss
+                else:
+                    loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+                if self.anchor is not None:
+                    with th.no_grad():
+                        anchor_lp, _, _ = _masked_log_probs(self.anchor, data.observations,
+                                                            data.action_masks)
+                    kl = kl_to(anchor_lp, log_probs).mean()
+                    kls.append(kl.item())
+                    if anchored:
+                        loss = loss + self.anchor_coef * kl
+                with th.no_grad():
+                    log_ratio = log_prob - data.old_log_prob
+                    approx_kl = th.mean((th.exp(log_ratio) - 1) - log_ratio).item()
+                approx_kl_divs.append(approx_kl)
+                if self.target_kl is not None and approx_kl > 1.5 * self.target_kl \
+                        and not warming:
+                    continue_training = False
+                    break
+                self.policy.optimizer.zero_grad()
+                loss.backward()
+                if warming:
+                    # Only the value layers move (Adam skips a parameter without a grad).
+                    for p in self.policy.parameters():
+                        if id(p) not in value_params:
+                            p.grad = None
+                th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                self.policy.optimizer.step()
+            self._n_updates += 1
+            if not continue_training:
+                break
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(),
+                                           self.rollout_buffer.returns.flatten())
+        self.logger.record("train/entropy_loss", np.mean(entropy_losses))
+        self.logger.record("train/policy_gradient_loss", np.mean(pg_losses))
+        self.logger.record("train/value_loss", np.mean(value_losses))
+        self.logger.record("train/approx_kl", np.mean(approx_kl_divs))
+        self.logger.record("train/clip_fraction", np.mean(clip_fractions))
+        self.logger.record("train/loss", loss.item())
+        self.logger.record("train/explained_variance", explained_var)
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/clip_range", clip_range)
+        if kls:
+            self.logger.record("train/kl_anchor", float(np.mean(kls)))
+        self.logger.record("train/value_warmup", float(warming))

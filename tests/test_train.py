@@ -124,6 +124,8 @@ def test_short_training_run_interrupt_and_resume(tmp_path: Path,
     assert (run / "best_policy.zip").is_file()
     assert second.last_eval is not None and np.isfinite(second.last_eval["gap_exact_mean"])
     assert second.last_eval["infeasible_frac"] == 0.0
+    # Refinement never makes the rollout's plan worse.
+    assert second.last_eval["gap_refined_mean"] <= second.last_eval["gap_exact_mean"] + 1e-12
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     tags: set[str] = set()
@@ -134,7 +136,9 @@ def test_short_training_run_interrupt_and_resume(tmp_path: Path,
     for tag in ("train/policy_gradient_loss", "rollout/ep_rew_mean",
                 "hetpar/throughput_tokens_per_s", "hetpar/infeasible_frac",
                 "hetpar/env_steps_per_s", "hetpar/eval/gap_exact_mean",
-                "hetpar/eval/gap_exact_p90", "hetpar/eval/gap_metis_mean"):
+                "hetpar/eval/gap_exact_p90", "hetpar/eval/gap_metis_mean",
+                "hetpar/eval/gap_refined_median", "hetpar/eval/gap_refined_p90",
+                "hetpar/eval/refined_as_good_as_metis_frac"):
         assert tag in tags, tag
 
     bundle = load_policy(second.final_policy)

@@ -171,6 +171,8 @@ def evaluate_policy_gaps(model: Any, env: Any, refs: Sequence[Reference],
     scored on it, so the gap compares two values under the same bandwidth states.
     Without, the environment's own score is used (its instance-seeded states)."""
     gaps_exact, gaps_metis, values, infeasible = [], [], [], 0
+    refined_gaps: list[float] = []
+    refined_wins = 0
     for i, ref in enumerate(refs):
         obs, _ = env.reset(options={"instance": i})
         info: dict[str, Any] = {}
@@ -193,6 +195,17 @@ def evaluate_policy_gaps(model: Any, env: Any, refs: Sequence[Reference],
             gaps_exact.append(value / best - 1.0)
         if math.isfinite(ref.metis):
             gaps_metis.append(value / ref.metis - 1.0)
+        if problems is not None and math.isfinite(value) and math.isfinite(best):
+            # The refined rollout, as ``hetpar plan --no-improve`` refines it.
+            from hetpar.agents.planner import DEFAULT_REFINE_STEPS
+            from hetpar.solvers.refine import refine_plan
+
+            pr = problems[i]
+            ref_plan = refine_plan(pr.cost_model, pr.space, pr.objective, info["plan"],
+                                   max_steps=DEFAULT_REFINE_STEPS)
+            refined = min(value, ref_plan.value)
+            refined_gaps.append(refined / best - 1.0)
+            refined_wins += bool(math.isfinite(ref.metis) and refined <= ref.metis * (1 + 1e-9))
     finite = [g for g in gaps_exact if math.isfinite(g)]
     return {
         "gap_exact_mean": float(np.mean(gaps_exact)) if gaps_exact else math.nan,
@@ -202,6 +215,12 @@ def evaluate_policy_gaps(model: Any, env: Any, refs: Sequence[Reference],
         "beats_metis_frac": (float(np.mean([g < 0 for g in gaps_metis])) if gaps_metis
                              else math.nan),
         "infeasible_frac": infeasible / max(len(refs), 1),
+        "gap_refined_mean": float(np.mean(refined_gaps)) if refined_gaps else math.nan,
+        "gap_refined_median": float(np.median(refined_gaps)) if refined_gaps else math.nan,
+        "gap_refined_p90": (float(np.percentile(refined_gaps, 90)) if refined_gaps
+                            else math.nan),
+        "refined_as_good_as_metis_frac": (refined_wins / len(refined_gaps) if refined_gaps
+                                          else math.nan),
         "values": values,
     }
 
@@ -244,7 +263,9 @@ class EvalGapCallback(BaseCallback):
         res = evaluate_policy_gaps(self.model, self.env, self.refs, self.problems)
         self.last_eval = self.num_timesteps
         for key in ("gap_exact_mean", "gap_exact_p90", "gap_exact_median", "gap_metis_mean",
-                    "beats_metis_frac", "infeasible_frac"):
+                    "beats_metis_frac", "infeasible_frac", "gap_refined_mean",
+                    "gap_refined_median", "gap_refined_p90",
+                    "refined_as_good_as_metis_frac"):
             if not math.isnan(res[key]):
                 self.logger.record(f"hetpar/eval/{key}", min(res[key], 1e3))
         self.logger.record("hetpar/eval/wall_s", time.perf_counter() - t0)
@@ -261,7 +282,9 @@ class EvalGapCallback(BaseCallback):
         if self.log:
             self.log(f"eval @ {self.num_timesteps}: gap to exact mean {res['gap_exact_mean']:.2%}"
                      f" p90 {res['gap_exact_p90']:.2%}, to metis mean "
-                     f"{res['gap_metis_mean']:.2%}, infeasible {res['infeasible_frac']:.0%}")
+                     f"{res['gap_metis_mean']:.2%}, infeasible {res['infeasible_frac']:.0%}; "
+                     f"refined median {res['gap_refined_median']:.2%} p90 "
+                     f"{res['gap_refined_p90']:.2%}")
         return res
 
 

@@ -238,3 +238,23 @@ def test_ppo_from_a_policy_file_logs_its_gap_and_its_checkpoint_reloads(tmp_path
     with pytest.raises(ConfigError, match="finetune.init_policy.*does not match"):
         train(_finetune_config("shipped"), run_name="other", runs_dir=tmp_path,
               progress=False)
+
+
+def test_the_finetune_config_starts_from_the_shipped_weights() -> None:
+    from hetpar.agents.io import load_policy
+    from hetpar.agents.train import make_model, make_vec_env
+
+    data = load_train_config("finetune").as_dict()
+    data["n_envs"] = 1
+    data["env"]["instances"] = 2
+    cfg = parse_train_config(data, "finetune", name="finetune")
+    vec = make_vec_env(cfg, reward_refs={})
+    try:
+        model = make_model(cfg, vec)
+    finally:
+        vec.close()
+    assert isinstance(model, AnchoredMaskablePPO)
+    assert model.anchor_coef == 0.1 and model.value_warmup == 5
+    shipped = load_policy(None).model.policy.state_dict()
+    for k, v in model.policy.state_dict().items():
+        assert torch.equal(v, shipped[k]), k

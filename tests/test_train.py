@@ -37,7 +37,7 @@ def _ci_config(timesteps: int):
 
 
 def test_bundled_configs_parse() -> None:
-    for name in ("tiny", "default"):
+    for name in ("tiny", "default", "finetune"):
         cfg = load_train_config(name)
         # PPO steps, or cloning alone (the shipped policy's config).
         assert cfg.total_timesteps > 0 or cfg.imitation is not None
@@ -46,6 +46,11 @@ def test_bundled_configs_parse() -> None:
     default = load_train_config("default")
     assert default.suite == "train-mixed" and default.env["max_hosts"] >= 16
     assert default.eval["start"] >= 1000  # held-out evaluation instances
+    # The fine-tuning config starts from the shipped policy, whose architecture it keeps.
+    finetune = load_train_config("finetune")
+    assert finetune.finetune["init_policy"] == "shipped"
+    assert finetune.policy_kwargs == default.policy_kwargs
+    assert finetune.env["max_hosts"] == default.env["max_hosts"]
 
 
 def test_config_errors(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ drifted. Two changes to sb3-contrib's ``MaskablePPO`` update:
   anchor being a frozen copy of the policy PPO started from (``set_anchor``), the KL
   taken over the masked action distribution of every state in the minibatch. PPO may
   move the policy where its advantages say so, at a price that grows with the distance.
+* ``anchor_coef`` = 0 with an anchor: the KL is measured and logged, once an update,
+  and not optimised (``hetpar train`` anchors every run that starts from a policy, so
+  ``train/kl_anchor`` tells how far PPO has moved from it).
 * ``value_warmup`` > 0: the first that many updates train the value head only (the
   value layers after the shared trunk: the policy loss, entropy bonus and anchor term
   are left out, and no other parameter moves), so the advantages are measured against
@@ -97,6 +100,7 @@ class AnchoredMaskablePPO(MaskablePPO):
         value_params = {id(p) for p in self._value_parameters()} if warming else set()
         entropy_losses, pg_losses, value_losses, clip_fractions, kls = [], [], [], [], []
         approx_kl_divs: list[float] = []
+        measured = False
         continue_training = True
         loss = th.zeros(())
         for epoch in range(self.n_epochs):
@@ -129,7 +133,13 @@ class AnchoredMaskablePPO(MaskablePPO):
                     loss = self.vf_coef * value_loss
                 else:
                     loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
-                if self.anchor is not None:
+                # With a zero coefficient the KL is only logged: on the first minibatch
+                # of the last epoch, an extra forward pass per update rather than per
+                # minibatch.
+                measure = anchored or (self.anchor is not None and epoch == self.n_epochs - 1
+                                       and not measured)
+                if measure:
+                    measured = True
                     with th.no_grad():
                         anchor_lp, _, _ = _masked_log_probs(self.anchor, data.observations,
                                                             data.action_masks)

@@ -374,8 +374,12 @@ def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = 
 
 
 def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
+    """``AnchoredMaskablePPO`` for a run that starts from a policy (imitation or
+    ``init_policy``: the KL to it is logged, and optimised with ``anchor_coef``) or asks
+    for a value warm-up; sb3-contrib's ``MaskablePPO`` otherwise."""
     ft = cfg.finetune
-    if ft["anchor_coef"] > 0 or ft["value_warmup"] > 0:
+    if ft["anchor_coef"] > 0 or ft["value_warmup"] > 0 or ft["init_policy"] is not None \
+            or cfg.imitation is not None:
         from hetpar.agents.anchored import AnchoredMaskablePPO
 
         return AnchoredMaskablePPO, {"anchor_coef": ft["anchor_coef"],
@@ -564,14 +568,18 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
                                         **({"imitation": imitation_stats}
                                            if imitation_stats is not None else {})})
     if hasattr(model, "set_anchor"):
-        # The anchor is the policy PPO starts from: the clone, the initial weights, or
-        # (on resume) those again; a resumed run without either anchors where it resumes.
-        if resume_from is not None and init is not None:
+        # The anchor is the policy PPO started from: the clone or the initial weights; a
+        # resumed run loads it again (the clone from the run folder), else anchors where
+        # it resumes.
+        if resume_from is None:
+            model.set_anchor()
+        else:
             from hetpar.agents.io import load_policy
 
-            model.set_anchor(load_policy(None if init == "shipped" else init).model.policy)
-        elif resume_from is None or init is None:
-            model.set_anchor()
+            clone = run_dir / IMITATION_FILE
+            origin = ((None if init == "shipped" else init) if init is not None else
+                      clone if clone.is_file() else "")
+            model.set_anchor(load_policy(origin).model.policy if origin != "" else None)
     callbacks: list[Any] = [StatsCallback()]
     eval_cb = None
     if eval_env is not None:

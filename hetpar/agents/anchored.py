@@ -17,6 +17,10 @@ drifted. Two changes to sb3-contrib's ``MaskablePPO`` update:
   are left out, and no other parameter moves), so the advantages are measured against
   a value head fitted to the policy's own returns before the policy moves.
 
+``update_threads`` > 0 runs the update on that many torch threads (the rollouts keep the
+trainer's): the environment workers are idle while it runs. With neither an anchor nor a
+warm-up the update is sb3-contrib's.
+
 The update is otherwise sb3-contrib's (clipped surrogate, optional value clipping,
 advantage normalisation, ``target_kl`` early stop, gradient clipping), written against
 its public rollout buffer and policy interface. Logged besides SB3's ``train/*``:
@@ -62,9 +66,10 @@ class AnchoredMaskablePPO(MaskablePPO):
     """``MaskablePPO`` with a KL term to a frozen anchor policy and a value warm-up."""
 
     def __init__(self, *args: Any, anchor_coef: float = 0.0, value_warmup: int = 0,
-                 **kwargs: Any) -> None:
+                 update_threads: int = 0, **kwargs: Any) -> None:
         self.anchor_coef = float(anchor_coef)
         self.value_warmup = int(value_warmup)
+        self.update_threads = int(update_threads)
         self.anchor: Any = None
         super().__init__(*args, **kwargs)
 
@@ -90,6 +95,19 @@ class AnchoredMaskablePPO(MaskablePPO):
         return [*super()._excluded_save_params(), "anchor"]
 
     def train(self) -> None:
+        threads = th.get_num_threads()
+        if self.update_threads > 0 and self.update_threads != threads:
+            # The environment workers wait during the update: its matrix products may
+            # take every core, and the rollouts go back to the trainer's own count.
+            th.set_num_threads(self.update_threads)
+            try:
+                self._update()
+            finally:
+                th.set_num_threads(threads)
+        else:
+            self._update()
+
+    def _update(self) -> None:
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]

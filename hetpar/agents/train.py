@@ -65,7 +65,8 @@ from hetpar.problem import POLICY_SAMPLES
 __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "TrainResult",
            "resolve_train_config_path", "make_vec_env", "make_model"]
 
-_TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads", "env",
+_TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads",
+                       "update_threads", "env",
                        "ppo", "policy_kwargs", "eval", "checkpoint", "description",
                        "imitation", "finetune"})
 _ENV_KEYS = frozenset({"max_hosts", "objective", "bandwidth", "samples", "instances",
@@ -104,6 +105,7 @@ class TrainConfig:
     checkpoint: dict[str, Any]
     imitation: dict[str, Any] | None = None  # behaviour cloning before PPO (imitation.py)
     finetune: dict[str, Any] = field(default_factory=lambda: dict(FINETUNE_DEFAULTS))
+    update_threads: int = 0  # torch threads of the PPO update (0: one per core)
     name: str = "train"
     source: str = "<dict>"
     description: str = ""
@@ -111,6 +113,7 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         return {"suite": self.suite, "seed": self.seed, "total_timesteps": self.total_timesteps,
                 "n_envs": self.n_envs, "torch_threads": self.torch_threads,
+                "update_threads": self.update_threads,
                 "env": dict(self.env), "ppo": dict(self.ppo),
                 "policy_kwargs": dict(self.policy_kwargs), "eval": dict(self.eval),
                 "checkpoint": dict(self.checkpoint), "description": self.description,
@@ -206,7 +209,8 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
                       total_timesteps=r.int("total_timesteps",
                                             minimum=0 if imitation is not None else 1),
                       n_envs=r.int("n_envs", 1, minimum=1),
-                      torch_threads=r.int("torch_threads", 1, minimum=1), env=env, ppo=ppo,
+                      torch_threads=r.int("torch_threads", 1, minimum=1),
+                      update_threads=r.int("update_threads", 0, minimum=0), env=env, ppo=ppo,
                       policy_kwargs=pol, eval=ev, checkpoint=ck, imitation=imitation,
                       finetune=finetune, name=name, source=source,
                       description=str(r.raw("description", "")).strip())
@@ -374,19 +378,17 @@ def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = 
 
 
 def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
-    """``AnchoredMaskablePPO`` for a run that starts from a policy (imitation or
-    ``init_policy``: the KL to it is logged, and optimised with ``anchor_coef``) or asks
-    for a value warm-up; sb3-contrib's ``MaskablePPO`` otherwise."""
+    """``AnchoredMaskablePPO`` with the config's anchor, warm-up and update threads (a run
+    that starts from a policy, by imitation or ``init_policy``, is anchored to it: the KL
+    is logged, and optimised with ``anchor_coef``; without either it is sb3-contrib's
+    update)."""
+    from hetpar.agents.anchored import AnchoredMaskablePPO
+
     ft = cfg.finetune
-    if ft["anchor_coef"] > 0 or ft["value_warmup"] > 0 or ft["init_policy"] is not None \
-            or cfg.imitation is not None:
-        from hetpar.agents.anchored import AnchoredMaskablePPO
-
-        return AnchoredMaskablePPO, {"anchor_coef": ft["anchor_coef"],
-                                     "value_warmup": ft["value_warmup"]}
-    from sb3_contrib import MaskablePPO
-
-    return MaskablePPO, {}
+    threads = cfg.update_threads or os.cpu_count() or 1
+    return AnchoredMaskablePPO, {"anchor_coef": ft["anchor_coef"],
+                                 "value_warmup": ft["value_warmup"],
+                                 "update_threads": threads}
 
 
 def init_weights(model: Any, policy_file: str, source: str = "") -> None:
@@ -567,10 +569,10 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
                 save(model, best_path, {"eval": _summary(res),
                                         **({"imitation": imitation_stats}
                                            if imitation_stats is not None else {})})
-    if hasattr(model, "set_anchor"):
-        # The anchor is the policy PPO started from: the clone or the initial weights; a
-        # resumed run loads it again (the clone from the run folder), else anchors where
-        # it resumes.
+    if start_phase is not None or cfg.finetune["anchor_coef"] > 0:
+        # The anchor is the policy PPO started from: the clone, the initial weights (or,
+        # with anchor_coef alone, the fresh network); a resumed run loads it again (the
+        # clone from the run folder), else anchors where it resumes.
         if resume_from is None:
             model.set_anchor()
         else:

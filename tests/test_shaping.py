@@ -21,16 +21,7 @@ from hetpar.agents.train import load_train_config, parse_train_config, train  # 
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
 from hetpar.solvers.api import solve  # noqa: E402
-
-SMALL = {"dim": 32, "heads": 4, "rounds": 2, "edge_dim": 16, "value_dim": 32}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_agents import SMALL, _one_thread  # noqa: E402,F401  (the small network; one thread)
 
 
 def _env(**kw) -> PlanBuilderEnv:  # noqa: ANN003

@@ -169,10 +169,16 @@ def test_a_start_no_better_than_the_search_loses_the_credit():
     assert alone.found_by in ("dive", "search")
     tie = solve(problem, "exact", starts=[alone.plan])
     assert tie.value == alone.value and tie.found_by == "start"
+    metis = solve(problem, "metis")
+    megatron = solve(problem, "megatron")
     for workers in (1, 2):
-        metis = solve(problem, "metis")
         tie = solve(problem, "exact", starts=[metis.plan], workers=workers, time_limit=1e-6)
-        assert tie.value == metis.value and tie.found_by == "metis"
+        assert tie.value == metis.value
+        # One worker credits metis first; with several, seeds of equal value are credited
+        # to whichever reported first (docs/solvers.md), and here megatron's ties metis's.
+        equal = {"metis"} | ({"megatron"} if workers > 1 and megatron.value == metis.value
+                             else set())
+        assert tie.found_by in equal, (workers, tie.found_by)
 
 
 def test_start_plans_are_checked_against_the_problem():

@@ -229,6 +229,11 @@ def test_ppo_from_a_policy_file_logs_its_gap_and_its_checkpoint_reloads(tmp_path
     with pytest.raises(ConfigError, match="finetune.init_policy.*does not match"):
         train(_finetune_config("shipped"), run_name="other", runs_dir=tmp_path,
               progress=False)
+    # A start policy that is not there fails before anything is written or computed.
+    with pytest.raises(ConfigError, match="missing.zip"):
+        train(_finetune_config(str(tmp_path / "missing.zip")), run_name="none",
+              runs_dir=tmp_path, progress=False)
+    assert not (tmp_path / "none").exists()
 
 
 def test_the_finetune_config_starts_from_the_shipped_weights() -> None:

@@ -18,10 +18,10 @@ drifted. Two changes to sb3-contrib's ``MaskablePPO`` update:
   a value head fitted to the policy's own returns before the policy moves.
 
 ``update_threads`` > 0 runs the update on that many torch threads (the rollouts keep the
-trainer's): the environment workers are idle while it runs. With neither an anchor nor a
-warm-up the update is sb3-contrib's.
+trainer's): the environment workers are idle while it runs.
 
-The update is otherwise sb3-contrib's (clipped surrogate, optional value clipping,
+With neither an anchor nor a warm-up the update is sb3-contrib's; with them it is
+otherwise sb3-contrib's (clipped surrogate, optional value clipping,
 advantage normalisation, ``target_kl`` early stop, gradient clipping), written against
 its public rollout buffer and policy interface. Logged besides SB3's ``train/*``:
 ``train/kl_anchor`` (mean KL to the anchor over the update's minibatches) and

@@ -7,8 +7,9 @@ so in one PPO batch the advantage of an action mostly says which instance the ep
 drew, not whether the action was good. ``LogRatioReward`` replaces it with
 ``log(T_ref / T)``, ``T_ref`` the value of a reference plan of the same instance (the
 Metis-style plan, scored with the environment's objective under the instance's fixed
-bandwidth states: the robust mode's, or each link's mean in the sampled mode): 0 for a plan as good as the reference, ``+0.1`` for one 10% faster, the
-same scale on every instance. The references of a training pool are computed once,
+bandwidth states: the robust mode's, or each link's mean in the sampled mode): 0 for a
+plan as good as the reference, ``+0.1`` for one 10% faster, the same scale on every
+instance. The references of a training pool are computed once,
 in parallel, before training (``reference_table``; about 0.4 s an instance on
 train-mixed) and cached in a JSON file that later runs with the same suite, objective
 and bandwidth states reuse; the workers get the table, so the reference is the same
@@ -45,37 +46,38 @@ REWARDS = ("mfu", "log_metis")
 INFEASIBLE_LOG_RATIO = -2.0
 
 
-def reference_value(env: Any) -> float:
-    """The Metis-style plan's value on the current episode's instance under the
-    instance's fixed bandwidth states and the environment's objective; inf when Metis
-    finds no plan."""
+def _metis_score(problem: Any, objective: Any) -> float:
+    """The Metis-style plan of ``problem`` scored with ``objective`` under the problem's
+    bandwidth states (inf when Metis finds no plan)."""
     from hetpar.solvers.api import solve
 
-    ctx = env.context
-    sol = solve(ctx.problem, "metis")
-    if not sol.found or sol.plan is None:
-        return math.inf
-    times, feasible = ctx.cm.iteration_times(sol.plan)
-    return float(env.objective.score(times, feasible))
-
-
-def _metis_value(args: tuple[Any, str, int]) -> float:
-    from hetpar.costmodel.objective import Objective
-    from hetpar.envs.context import bandwidth_seed
-    from hetpar.problem import Problem
-    from hetpar.solvers.api import solve
-
-    inst, objective, samples = args
-    obj = Objective.parse(objective)
-    # The environment's fixed states of the instance (InstanceContext.build): the robust
-    # mode's draws, or each link's mean (samples 0) in the sampled mode.
-    problem = Problem.from_instance(inst, objective=obj, samples=samples,
-                                    seed=bandwidth_seed(inst))
     sol = solve(problem, "metis")
     if not sol.found or sol.plan is None:
         return math.inf
     times, feasible = problem.cost_model.iteration_times(sol.plan)
-    return float(obj.score(times, feasible))
+    return float(objective.score(times, feasible))
+
+
+def reference_value(env: Any) -> float:
+    """The Metis-style plan's value on the current episode's instance under the
+    instance's fixed bandwidth states and the environment's objective; inf when Metis
+    finds no plan."""
+    return _metis_score(env.context.problem, env.objective)
+
+
+def _metis_value(args: tuple[Any, str, int]) -> float:
+    """``reference_value`` of one instance without an environment (for worker processes):
+    the same fixed states, those ``InstanceContext.build`` draws (``samples`` 0: each
+    link's mean)."""
+    from hetpar.costmodel.objective import Objective
+    from hetpar.envs.context import bandwidth_seed
+    from hetpar.problem import Problem
+
+    inst, objective, samples = args
+    obj = Objective.parse(objective)
+    problem = Problem.from_instance(inst, objective=obj, samples=samples,
+                                    seed=bandwidth_seed(inst))
+    return _metis_score(problem, obj)
 
 
 def reference_table(suite: str, count: int, *, objective: str, samples: int,
@@ -127,7 +129,14 @@ def reference_table(suite: str, count: int, *, objective: str, samples: int,
     return table
 
 
-class LogRatioReward(gym.Wrapper):
+class _MaskedWrapper(gym.Wrapper):
+    """A wrapper that forwards ``action_masks`` (sb3-contrib asks the outermost one)."""
+
+    def action_masks(self) -> Any:
+        return self.env.unwrapped.action_masks()  # type: ignore[attr-defined]
+
+
+class LogRatioReward(_MaskedWrapper):
     """The final reward ``log(T_ref / T)`` with ``T_ref`` the instance's reference value
     (``refs``, else ``reference_value`` computed on the first episode; where Metis finds
     no plan, the first plan an episode of the instance built). Intermediate rewards
@@ -136,9 +145,6 @@ class LogRatioReward(gym.Wrapper):
     def __init__(self, env: gym.Env, refs: dict[str, float] | None = None) -> None:
         super().__init__(env)
         self._refs: dict[str, float] = dict(refs or {})
-
-    def action_masks(self) -> Any:
-        return self.env.unwrapped.action_masks()  # type: ignore[attr-defined]
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -159,7 +165,7 @@ class LogRatioReward(gym.Wrapper):
         return obs, float(reward), terminated, truncated, info
 
 
-class RepeatInstance(gym.Wrapper):
+class RepeatInstance(_MaskedWrapper):
     """Each drawn instance serves ``k`` consecutive episodes (a reset that names an
     instance is passed through and starts a new group)."""
 
@@ -170,9 +176,6 @@ class RepeatInstance(gym.Wrapper):
         self.k = k
         self._left = 0
         self._index: int | None = None
-
-    def action_masks(self) -> Any:
-        return self.env.unwrapped.action_masks()  # type: ignore[attr-defined]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None,
               ) -> tuple[Any, dict[str, Any]]:

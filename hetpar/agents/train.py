@@ -357,11 +357,12 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
     return GroupedVecEnv(fns, workers) if cfg.n_envs > 1 else DummyVecEnv(fns)
 
 
-def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = None) -> Any:
-    """A fresh ``MaskablePPO`` with ``HostAttentionPolicy`` on ``vec_env``, as ``cfg`` asks
-    (what ``hetpar train`` trains when it does not resume): ``AnchoredMaskablePPO`` when
-    ``finetune`` asks for an anchor or a value warm-up, and with ``finetune.init_policy``
-    the weights of that policy file (``init_weights``)."""
+def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = None,
+               start: Any = None) -> Any:
+    """A fresh ``AnchoredMaskablePPO`` with ``HostAttentionPolicy`` on ``vec_env``, as
+    ``cfg`` asks (what ``hetpar train`` trains when it does not resume; ``_algorithm``),
+    with the weights of ``finetune.init_policy`` where the config names one (``start``:
+    that policy already loaded, ``load_start``)."""
     from hetpar.agents.policy import HostAttentionPolicy
 
     ppo = dict(cfg.ppo)
@@ -372,8 +373,10 @@ def make_model(cfg: TrainConfig, vec_env: Any, *, tensorboard_log: str | None = 
     model = cls(HostAttentionPolicy, vec_env, policy_kwargs=policy_kwargs,
                 tensorboard_log=tensorboard_log, seed=cfg.seed, device="cpu", verbose=0,
                 **ppo, **extra)
-    if cfg.finetune["init_policy"] is not None:
-        init_weights(model, cfg.finetune["init_policy"], cfg.source)
+    if start is None:
+        start = load_start(cfg)
+    if start is not None:
+        init_weights(model, start, cfg.source)
     return model
 
 
@@ -391,12 +394,18 @@ def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
                                  "update_threads": threads}
 
 
-def init_weights(model: Any, policy_file: str, source: str = "") -> None:
-    """Copy the network weights of a policy file (``shipped``: the shipped policy) into
-    ``model``'s policy; its architecture must be the config's (ConfigError otherwise)."""
+def load_start(cfg: TrainConfig) -> Any:
+    """The policy ``finetune.init_policy`` names, loaded (``shipped``: the shipped one), or
+    None; a missing or corrupt file is a ConfigError (one line)."""
     from hetpar.agents.io import load_policy
 
-    bundle = load_policy(None if policy_file == "shipped" else policy_file)
+    init = cfg.finetune["init_policy"]
+    return None if init is None else load_policy(None if init == "shipped" else init)
+
+
+def init_weights(model: Any, bundle: Any, source: str = "") -> None:
+    """Copy the network weights of a loaded policy into ``model``'s policy; its
+    architecture must be the config's (ConfigError otherwise)."""
     try:
         model.policy.load_state_dict(bundle.model.policy.state_dict())
     except RuntimeError as exc:
@@ -475,6 +484,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     elif run_dir.exists() and ((run_dir / "tb").exists() or any(run_dir.rglob("*.zip"))):
         raise ConfigError(str(run_dir), "", "the run folder exists; pick another --run-name or "
                                             f"continue it with --resume {name}")
+    # The start policy before anything is written or computed: a bad file fails at once.
+    start_policy = load_start(cfg)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_dict(), sort_keys=False))
 
@@ -483,10 +494,9 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     reward_refs = None
     if cfg.finetune["reward"] == "log_metis":
         from hetpar.agents.shaping import reference_table
-
-        samples = cfg.env["samples"] if cfg.env["bandwidth"] == "robust" else 0
         from hetpar.envs.sources import as_source
 
+        samples = cfg.env["samples"] if cfg.env["bandwidth"] == "robust" else 0
         # The environments' pool: ``instances``, or the suite's default pool.
         count = as_source(load_suite(cfg.suite), cfg.env["instances"]).count
         cache = runs / "reward-cache" / f"{cfg.suite}-{cfg.env['objective']}-{samples}.json"
@@ -531,7 +541,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
                              cfg.ppo["learning_rate"]), **extra},
                          tensorboard_log=str(run_dir / "tb"))
     else:
-        model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"))
+        model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"),
+                           start=start_policy)
     start_steps = int(model.num_timesteps)
     best_path = run_dir / "best_policy.zip"
     history = run_dir / "eval_history.jsonl"
@@ -573,15 +584,17 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         # The anchor is the policy PPO started from: the clone, the initial weights (or,
         # with anchor_coef alone, the fresh network); a resumed run loads it again (the
         # clone from the run folder), else anchors where it resumes.
+        clone = run_dir / IMITATION_FILE
         if resume_from is None:
             model.set_anchor()
-        else:
+        elif start_policy is not None:
+            model.set_anchor(start_policy.model.policy)
+        elif clone.is_file():
             from hetpar.agents.io import load_policy
 
-            clone = run_dir / IMITATION_FILE
-            origin = ((None if init == "shipped" else init) if init is not None else
-                      clone if clone.is_file() else "")
-            model.set_anchor(load_policy(origin).model.policy if origin != "" else None)
+            model.set_anchor(load_policy(clone).model.policy)
+        else:
+            model.set_anchor()
     callbacks: list[Any] = [StatsCallback()]
     eval_cb = None
     if eval_env is not None:

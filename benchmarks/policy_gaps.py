@@ -14,7 +14,9 @@ says so; where the file has no entry for an instance, the best of the policies' 
 and metis's, marked ``~``), and how often the plan is at least as good as metis's. Per
 suite and policy it prints the median, p90 and worst gap of each and the median time of
 the refined planner. ``shipped`` names the shipped policy. Gaps are deterministic (no
-time limit is involved); times are this machine's.
+time limit is involved); times are this machine's. ``clone`` names the bundled clone
+that the shipped policy's PPO started from, so ``--policies shipped,clone`` measures
+PPO's effect.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     names = [p.strip() for p in a.policies.split(",") if p.strip()]
-    bundles = {n: load_policy(None if n == "shipped" else n) for n in names}
+    bundles = {n: load_policy(n) for n in names}
     rows: list[dict[str, Any]] = []
     for sname in a.suites.split(","):
         suite = load_suite(sname)

@@ -5,8 +5,8 @@
                                      [--set ppo.n_steps=64 ...] [--profile 30]
 
 Runs ``hetpar.agents.train.train`` itself, the function behind ``hetpar train``, on the
-training config ``--config`` (default ``default``: the shipped policy's, on the
-``train-mixed`` suite, 2 SubprocVecEnv workers) for ``--warmup`` timesteps and then
+training config ``--config`` (default ``default``: the shipped policy's PPO, on the ``train-mixed``
+suite, 16 environments in one worker process per core) for ``--warmup`` timesteps and then
 ``--timesteps`` more, and times the second part only. Three things differ from the
 config, none of them PPO: the ``imitation:`` section is dropped (PPO starts from a fresh
 network; the clone is not what is timed), the evaluation set is emptied (its exact
@@ -14,11 +14,12 @@ references take minutes and are computed once per run folder) and the progress b
 off. The run folder is a temporary one. ``--n-envs``, ``--timesteps`` and ``--seed``
 override the config as ``hetpar train``'s options do; ``--torch-threads`` and ``--set
 KEY=VALUE`` (a dotted key of the config, the value read as YAML) change the config
-itself, and the first line of the output says what was run. With ``--config
-finetune`` PPO starts from the shipped policy's weights with the anchored update
-(``hetpar/agents/anchored.py``); its ``log_metis`` reward computes the pool's references
-first, in the temporary run folder, every time (about 3 minutes on 2 cores), so
-``--set finetune.reward=mfu`` times the rest without them.
+itself, and the first line of the output says what was run. With ``default`` PPO starts
+from the bundled clone's weights with the anchored update (``hetpar/agents/anchored.py``);
+its ``log_metis`` reward needs the pool's references, which are copied from
+``--reward-cache`` (default ``runs/reward-cache``, where ``hetpar train`` keeps them)
+into the temporary run folder, or else computed there first (about 3 minutes on 2 cores,
+not timed); ``--set finetune.reward=mfu`` times the run without them.
 
 Prints the **timesteps per second** of the timed part (environment steps that PPO
 trained on, per second of wall time, rollouts and updates included), and where the main
@@ -59,10 +60,12 @@ import argparse
 import cProfile
 import io
 import pstats
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -256,6 +259,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="change the config, e.g. ppo.n_steps=64 (repeatable)")
+    ap.add_argument("--reward-cache", default="runs/reward-cache", metavar="DIR",
+                    help="reward references to reuse (hetpar train's cache folder)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="cProfile the main process; print its N top functions by own time")
     args = ap.parse_args()
@@ -272,6 +277,8 @@ def main() -> None:
           f"{args.warmup} warm-up timesteps, then {args.timesteps} timed")
     profiler = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory(prefix="hetpar-train-speed-") as runs:
+        if Path(args.reward_cache).is_dir():
+            shutil.copytree(args.reward_cache, Path(runs) / "reward-cache")
         if profiler:
             profiler.enable()
         result = train(cfg, run_name="bench", runs_dir=runs, progress=False)

@@ -218,6 +218,23 @@ def test_shipped_policy_is_small(shipped) -> None:  # noqa: ANN001
     assert count_parameters(shipped.model.policy) < 500_000
 
 
+def test_bundled_policies_by_name(shipped, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from hetpar.agents.io import BUNDLED_POLICIES, bundled_policy_path, policy_path
+
+    # ``shipped`` is PPO from ``clone``; both are in the package and load by name.
+    clone = load_policy("clone")
+    assert clone.path == bundled_policy_path("clone") and clone.meta["timesteps"] == 0
+    assert shipped.meta["timesteps"] > 0
+    assert shipped.meta["training"]["finetune"]["init_policy"] == "clone"
+    assert load_policy("shipped").path == default_policy_path() == policy_path(None)
+    assert set(BUNDLED_POLICIES) == {"shipped", "clone"}
+    # A file that happens to be called like a bundled policy is reached by its path.
+    monkeypatch.chdir(tmp_path)
+    assert policy_path("./clone") == Path("./clone")
+    with pytest.raises(ConfigError, match="not found"):
+        load_policy("./clone")
+
+
 @pytest.mark.parametrize("cluster", _bundled_clusters())
 def test_shipped_policy_plans_bundled_clusters(shipped, cluster: str) -> None:  # noqa: ANN001
     inst = _instance(cluster)

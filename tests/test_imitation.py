@@ -165,7 +165,7 @@ def test_imitation_config_section() -> None:
         parse_train_config({**base, "imitation": {"holdout": 1.5}}, "x")
     with pytest.raises(ConfigError, match=r"total_timesteps"):  # PPO-only runs need steps
         parse_train_config({"suite": "tiny", "total_timesteps": 0}, "x")
-    assert load_train_config("default").imitation is not None
+    assert load_train_config("clone").imitation is not None
 
 
 def test_train_with_imitation_only(tmp_path: Path) -> None:

@@ -156,6 +156,34 @@ def test_value_warmup_moves_only_the_value_head_and_the_anchor_pulls_back() -> N
     assert 0.0 <= model.logger.name_to_value["train/kl_anchor"] < 1.0
 
 
+def test_anchor_log_probs_are_cached_per_update_on_sb3s_minibatches() -> None:
+    import copy
+
+    from hetpar.agents.anchored import _masked_log_probs, _minibatches
+
+    model = _model(LogRatioReward(_env()), anchor_coef=1.0)
+    model.set_anchor()
+    model.train = lambda: None  # type: ignore[method-assign]  # a full, unflattened buffer
+    model.learn(64)
+    ours, theirs = copy.deepcopy(model.rollout_buffer), copy.deepcopy(model.rollout_buffer)
+    np.random.seed(3)
+    mine = list(_minibatches(ours, 32))
+    np.random.seed(3)
+    sb3 = list(theirs.get(32))
+    assert len(mine) == len(sb3) == 2
+    for (rows, a), b in zip(mine, sb3):
+        assert torch.equal(a.actions, b.actions) and torch.equal(a.action_masks, b.action_masks)
+        for key in a.observations:
+            assert torch.equal(a.observations[key], b.observations[key])
+    model.rollout_buffer = ours
+    cached = model._anchor_log_probs()
+    assert cached.shape[0] == 64
+    for rows, data in mine:
+        with torch.no_grad():
+            fresh, _, _ = _masked_log_probs(model.anchor, data.observations, data.action_masks)
+        assert torch.allclose(cached[torch.as_tensor(rows)], fresh, atol=1e-5)
+
+
 def test_anchor_is_not_saved_with_the_policy(tmp_path: Path) -> None:
     env = _env()
     model = _model(env, anchor_coef=0.5)
@@ -236,14 +264,14 @@ def test_ppo_from_a_policy_file_logs_its_gap_and_its_checkpoint_reloads(tmp_path
     assert not (tmp_path / "none").exists()
 
 
-def test_the_finetune_config_starts_from_the_shipped_weights() -> None:
+def test_the_default_config_starts_from_the_clone_weights() -> None:
     from hetpar.agents.io import load_policy
     from hetpar.agents.train import make_model, make_vec_env
 
-    data = load_train_config("finetune").as_dict()
+    data = load_train_config("default").as_dict()
     data["n_envs"] = 1
     data["env"]["instances"] = 2
-    cfg = parse_train_config(data, "finetune", name="finetune")
+    cfg = parse_train_config(data, "default", name="default")
     vec = make_vec_env(cfg, reward_refs={})
     try:
         model = make_model(cfg, vec)
@@ -251,6 +279,10 @@ def test_the_finetune_config_starts_from_the_shipped_weights() -> None:
         vec.close()
     assert isinstance(model, AnchoredMaskablePPO)
     assert model.anchor_coef == 0.1 and model.value_warmup == 5
-    shipped = load_policy(None).model.policy.state_dict()
+    clone = load_policy("clone").model.policy.state_dict()
     for k, v in model.policy.state_dict().items():
-        assert torch.equal(v, shipped[k]), k
+        assert torch.equal(v, clone[k]), k
+    # The shipped policy is that clone after PPO: the same network, other weights.
+    shipped = load_policy(None).model.policy.state_dict()
+    assert shipped.keys() == clone.keys()
+    assert any(not torch.equal(shipped[k], clone[k]) for k in clone)

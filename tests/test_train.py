@@ -37,20 +37,21 @@ def _ci_config(timesteps: int):
 
 
 def test_bundled_configs_parse() -> None:
-    for name in ("tiny", "default", "finetune"):
+    for name in ("tiny", "default", "clone"):
         cfg = load_train_config(name)
-        # PPO steps, or cloning alone (the shipped policy's config).
+        # PPO steps, or cloning alone (the clone's config).
         assert cfg.total_timesteps > 0 or cfg.imitation is not None
         assert cfg.env["max_hosts"] >= 4
     assert resolve_train_config_path("configs/train/tiny.yaml").is_file()
     default = load_train_config("default")
     assert default.suite == "train-mixed" and default.env["max_hosts"] >= 16
     assert default.eval["start"] >= 1000  # held-out evaluation instances
-    # The fine-tuning config starts from the shipped policy, whose architecture it keeps.
-    finetune = load_train_config("finetune")
-    assert finetune.finetune["init_policy"] == "shipped"
-    assert finetune.policy_kwargs == default.policy_kwargs
-    assert finetune.env["max_hosts"] == default.env["max_hosts"]
+    # The shipped policy's config is PPO from the bundled clone, whose architecture it keeps.
+    clone = load_train_config("clone")
+    assert default.finetune["init_policy"] == "clone" and default.total_timesteps > 0
+    assert clone.imitation is not None and clone.total_timesteps == 0
+    assert clone.policy_kwargs == default.policy_kwargs
+    assert clone.env["max_hosts"] == default.env["max_hosts"]
 
 
 def test_config_errors(tmp_path: Path) -> None:

@@ -18,7 +18,9 @@ drifted. Two changes to sb3-contrib's ``MaskablePPO`` update:
   a value head fitted to the policy's own returns before the policy moves.
 
 ``update_threads`` > 0 runs the update on that many torch threads (the rollouts keep the
-trainer's): the environment workers are idle while it runs.
+trainer's): the environment workers are idle while it runs. The anchor is frozen and the
+rollout's states do not change during an update, so its masked log-probabilities are
+computed once an update, over the whole rollout, not once per minibatch and epoch.
 
 With neither an anchor nor a warm-up the update is sb3-contrib's; with them it is
 otherwise sb3-contrib's (clipped surrogate, optional value clipping,
@@ -50,6 +52,37 @@ def _masked_log_probs(policy: Any, obs: Any, masks: Any) -> tuple[th.Tensor, Any
     if masks is not None:
         dist.apply_masking(masks)
     return dist.distribution.logits, dist, policy.value_net(latent_vf)
+
+
+_BUFFER_ARRAYS = ("actions", "values", "log_probs", "advantages", "returns", "action_masks")
+
+
+def _flatten(buffer: Any) -> None:
+    """Flatten a rollout buffer to one row per (step, env), as its ``get`` does on its
+    first call, without drawing the permutation ``get`` draws."""
+    if buffer.generator_ready:
+        return
+    if isinstance(buffer.observations, dict):
+        for key, obs in buffer.observations.items():
+            buffer.observations[key] = buffer.swap_and_flatten(obs)
+    else:
+        buffer.observations = buffer.swap_and_flatten(buffer.observations)
+    for name in _BUFFER_ARRAYS:
+        setattr(buffer, name, buffer.swap_and_flatten(getattr(buffer, name)))
+    buffer.generator_ready = True
+
+
+def _minibatches(buffer: Any, batch_size: int) -> Any:
+    """``(rows, samples)`` of one epoch's minibatches, the samples those of
+    ``buffer.get(batch_size)`` (one ``np.random.permutation`` an epoch, so the same
+    minibatches under the same seed), with the rows by which the update finds the
+    anchor's cached log-probabilities."""
+    n = buffer.buffer_size * buffer.n_envs
+    indices = np.random.permutation(n)
+    _flatten(buffer)
+    for start in range(0, n, batch_size):
+        rows = indices[start:start + batch_size]
+        yield rows, buffer._get_samples(rows)
 
 
 def kl_to(anchor_log_probs: th.Tensor, log_probs: th.Tensor) -> th.Tensor:
@@ -94,6 +127,20 @@ class AnchoredMaskablePPO(MaskablePPO):
         # The anchor is a copy of a policy file the run names; it is not saved twice.
         return [*super()._excluded_save_params(), "anchor"]
 
+    def _anchor_log_probs(self) -> th.Tensor:
+        """The anchor's masked log-probabilities of every state of the rollout, in the
+        flattened buffer's row order (computed in minibatch-sized pieces)."""
+        _flatten(self.rollout_buffer)
+        n = self.rollout_buffer.buffer_size * self.rollout_buffer.n_envs
+        parts = []
+        with th.no_grad():
+            for start in range(0, n, self.batch_size):
+                rows = np.arange(start, min(n, start + self.batch_size))
+                data = self.rollout_buffer._get_samples(rows)
+                lp, _, _ = _masked_log_probs(self.anchor, data.observations, data.action_masks)
+                parts.append(lp)
+        return th.cat(parts)
+
     def train(self) -> None:
         threads = th.get_num_threads()
         if self.update_threads > 0 and self.update_threads != threads:
@@ -121,9 +168,10 @@ class AnchoredMaskablePPO(MaskablePPO):
         measured = False
         continue_training = True
         loss = th.zeros(())
+        anchor_lps = self._anchor_log_probs() if anchored else None
         for epoch in range(self.n_epochs):
             approx_kl_divs = []
-            for data in self.rollout_buffer.get(self.batch_size):
+            for rows, data in _minibatches(self.rollout_buffer, self.batch_size):
                 actions = data.actions
                 if isinstance(self.action_space, spaces.Discrete):
                     actions = actions.long().flatten()
@@ -158,9 +206,12 @@ class AnchoredMaskablePPO(MaskablePPO):
                                        and not measured)
                 if measure:
                     measured = True
-                    with th.no_grad():
-                        anchor_lp, _, _ = _masked_log_probs(self.anchor, data.observations,
-                                                            data.action_masks)
+                    if anchor_lps is not None:
+                        anchor_lp = anchor_lps[th.as_tensor(rows)]
+                    else:
+                        with th.no_grad():
+                            anchor_lp, _, _ = _masked_log_probs(self.anchor, data.observations,
+                                                                data.action_masks)
                     kl = kl_to(anchor_lp, log_probs).mean()
                     kls.append(kl.item())
                     if anchored:

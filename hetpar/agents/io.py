@@ -38,6 +38,7 @@ from hetpar.problem import POLICY_SAMPLES
 
 __all__ = ["FORMAT_VERSION", "META_MEMBER", "ENV_KWARGS", "PolicyBundle", "save_policy",
            "load_policy", "check_compatible", "default_policy_path", "observation_signature",
+           "BUNDLED_POLICIES", "bundled_policy_path", "policy_path",
            "read_meta"]
 
 FORMAT_VERSION = 1
@@ -49,9 +50,30 @@ _ENV_DEFAULTS: dict[str, Any] = {"objective": "mean", "bandwidth": "sampled",
                                  "max_layers": 128, "max_micro": 16, "max_tp": 16}
 
 
+# Policies inside the package, by the name configs and ``--policy`` may give them:
+# ``shipped`` (PPO, ``configs/train/default.yaml``) and ``clone`` (the behaviour clone of
+# exact plans that PPO started from, ``configs/train/clone.yaml``).
+BUNDLED_POLICIES = {"shipped": "default_policy.zip", "clone": "clone_policy.zip"}
+
+
 def default_policy_path() -> Path:
     """The policy shipped inside the package (trained by ``configs/train/default.yaml``)."""
-    return Path(__file__).resolve().parent / "data" / "default_policy.zip"
+    return bundled_policy_path("shipped")
+
+
+def bundled_policy_path(name: str) -> Path:
+    """The file of a bundled policy (``BUNDLED_POLICIES``)."""
+    return Path(__file__).resolve().parent / "data" / BUNDLED_POLICIES[name]
+
+
+def policy_path(name_or_path: str | Path | None) -> Path:
+    """A policy file: None or ``shipped`` is the shipped one, ``clone`` the bundled clone,
+    anything else a path (``./clone`` for a file of that name)."""
+    if name_or_path is None:
+        return default_policy_path()
+    if isinstance(name_or_path, str) and name_or_path in BUNDLED_POLICIES:
+        return bundled_policy_path(name_or_path)
+    return Path(name_or_path)
 
 
 def observation_signature(max_hosts: int, max_micro: int = 16, max_tp: int = 16,
@@ -202,16 +224,17 @@ def _check_meta(src: str, meta: dict[str, Any]) -> None:
 
 
 def load_policy(path: str | Path | None = None) -> PolicyBundle:
-    """Load a policy saved by ``save_policy`` on the CPU; ``None`` loads the shipped one.
+    """Load a policy saved by ``save_policy`` on the CPU; ``None`` loads the shipped one,
+    and a bundled policy's name (``shipped``, ``clone``) that one (``policy_path``).
 
     Raises ``ConfigError`` (one line naming the file and the problem) for a missing or
     corrupt file, a zip that is not a hetpar policy, or a format / observation-signature
     mismatch with this hetpar version."""
-    p = default_policy_path() if path is None else Path(path)
+    p = policy_path(path)
     src = str(p)
-    if path is None and not p.exists():
-        raise ConfigError(src, "", "the default policy is not installed (train one with "
-                                   "'hetpar train --config configs/train/default.yaml')")
+    if (path is None or path in BUNDLED_POLICIES) and not p.exists():
+        raise ConfigError(src, "", "the bundled policy is not installed (train it with "
+                                   "'hetpar train --config clone', then '--config default')")
     meta = read_meta(p)
     _check_meta(src, meta)
     try:

@@ -395,12 +395,12 @@ def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
 
 
 def load_start(cfg: TrainConfig) -> Any:
-    """The policy ``finetune.init_policy`` names, loaded (``shipped``: the shipped one), or
-    None; a missing or corrupt file is a ConfigError (one line)."""
+    """The policy ``finetune.init_policy`` names, loaded (``shipped``, ``clone``: the
+    bundled ones), or None; a missing or corrupt file is a ConfigError (one line)."""
     from hetpar.agents.io import load_policy
 
     init = cfg.finetune["init_policy"]
-    return None if init is None else load_policy(None if init == "shipped" else init)
+    return None if init is None else load_policy(init)
 
 
 def init_weights(model: Any, bundle: Any, source: str = "") -> None:

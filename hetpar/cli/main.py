@@ -478,7 +478,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     "scored over --samples bandwidth states drawn with --seed, as 'hetpar "
                     "solve' scores its plans.")
     pl.add_argument("--policy", metavar="FILE",
-                    help="policy file from 'hetpar train' (default: the shipped policy)")
+                    help="policy file from 'hetpar train', or 'clone' for the bundled behaviour "
+                         "clone (default: the shipped policy)")
     _add_instance_args(pl)
     pl.add_argument("--objective", default=None, metavar="OBJ",
                     help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default: the "
@@ -524,7 +525,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     "every row also has its gaps to the file's proven optimum, or to its bound "
                     "and best plan.")
     ev.add_argument("--policy", metavar="FILE",
-                    help="policy file from 'hetpar train' (default: the shipped policy)")
+                    help="policy file from 'hetpar train', or 'clone' for the bundled behaviour "
+                         "clone (default: the shipped policy)")
     ev.add_argument("--suite", required=True, metavar="SUITE",
                     help="bundled suite name, suite file or instance file (hetpar suite list)")
     ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")

@@ -8,8 +8,8 @@ Runs ``hetpar.agents.train.train`` itself, the function behind ``hetpar train``,
 training config ``--config`` (default ``default``: the shipped policy's PPO, on the ``train-mixed``
 suite, 16 environments in one worker process per core) for ``--warmup`` timesteps and then
 ``--timesteps`` more, and times the second part only. Three things differ from the
-config, none of them PPO: the ``imitation:`` section is dropped (PPO starts from a fresh
-network; the clone is not what is timed), the evaluation set is emptied (its exact
+config, none of them PPO: an ``imitation:`` section is dropped (such a config's PPO then
+starts from a fresh network; cloning is not what is timed), the evaluation set is emptied (its exact
 references take minutes and are computed once per run folder) and the progress bar is
 off. The run folder is a temporary one. ``--n-envs``, ``--timesteps`` and ``--seed``
 override the config as ``hetpar train``'s options do; ``--torch-threads`` and ``--set

@@ -821,7 +821,8 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"methods whose plans compete with exact's (default "
                         f"{','.join(DEFAULT_SEEDS)}; a policy method such as 'policy' too)")
     b.add_argument("--policy", metavar="FILE",
-                   help="policy file of a policy seed method (default: the shipped policy)")
+                   help="policy file of a policy seed method, or 'clone' for the bundled "
+                        "behaviour clone (default: the shipped policy)")
     b.add_argument("--grace", type=float, default=None, metavar="S",
                    help="stop an exact search S seconds past its limit (default max(10, "
                         "time limit))")

@@ -27,8 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, metavar="N",
                    help="training iterations to run (default: the scenario's)")
     p.add_argument("--policy", metavar="FILE",
-                   help="policy file for the 'policy' strategy (default: the shipped policy; "
-                        "skipped with a note when none is available)")
+                   help="policy file for the 'policy' strategy, or 'clone' for the bundled "
+                        "behaviour clone (default: the shipped policy; skipped with a note "
+                        "when none is available)")
     p.add_argument("--beam", type=int, default=None, metavar="W",
                    help="beam width of the policy's planning (default 1: one rollout; "
                         "3-4 plan up to 3%% better in 60-100 ms, see docs/results-dynamic.md)")

@@ -118,7 +118,7 @@ def test_masking_respected(env: PlanBuilderEnv, model: MaskablePPO) -> None:
 def test_save_load_roundtrip(env: PlanBuilderEnv, model: MaskablePPO, saved: Path) -> None:
     bundle = load_policy(saved)
     assert bundle.path == saved and bundle.max_hosts == 6
-    assert bundle.meta["format_version"] == 1
+    assert bundle.meta["format_version"] == 2
     assert bundle.meta["observation_signature"] == observation_signature(6)
     assert bundle.env_kwargs["bandwidth"] == "robust" and bundle.env_kwargs["samples"] == 4
     obs = _obs_in_blocks_phase(env, 0)

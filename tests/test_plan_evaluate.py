@@ -39,8 +39,11 @@ def _untrained(path: Path, max_hosts: int, instances) -> Path:
     from hetpar.envs.env import PlanBuilderEnv
 
     env = PlanBuilderEnv(instances, max_hosts=max_hosts, bandwidth="robust", samples=SAMPLES)
-    model = MaskablePPO("MultiInputPolicy", env, seed=0, n_steps=64, batch_size=32,
-                        policy_kwargs={"net_arch": [32]})
+    from hetpar.agents.policy import HostAttentionPolicy
+
+    model = MaskablePPO(HostAttentionPolicy, env, seed=0, n_steps=64, batch_size=32,
+                        policy_kwargs={"dim": 16, "heads": 2, "rounds": 1, "edge_dim": 8,
+                                       "value_dim": 16})
     return save_policy(model, path, {"max_hosts": max_hosts,
                                      "env_kwargs": {"bandwidth": "robust",
                                                     "samples": SAMPLES}})

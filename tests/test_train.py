@@ -156,3 +156,81 @@ def test_short_training_run_interrupt_and_resume(tmp_path: Path,
     assert info["feasible"] and np.isfinite(info["objective_s"])
     plan = info["plan"]
     assert plan.micro_batches >= 1 and plan.stages
+
+
+def _wait_for(path_glob, proc, timeout: float = 240.0) -> None:  # noqa: ANN001
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if list(path_glob()):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended early: {proc.communicate()}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_sigterm_saves_a_resumable_checkpoint_and_damage_is_skipped(tmp_path: Path) -> None:
+    """SIGTERM (kill, timeout, Slurm) saves like Ctrl-C; no temporary file survives;
+    --resume skips a damaged newest checkpoint for the one before; the run folder is
+    locked while a run writes it, and an earlier run is not overwritten without asking."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = _ci_config(10**6).as_dict()
+    data["imitation"] = None
+    config = tmp_path / "ci.yaml"
+    config.write_text(yaml.safe_dump(data))
+    run = tmp_path / "runs" / "term"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetpar", "train", "--config", str(config), "--run-name", "term",
+         "--runs-dir", str(tmp_path / "runs"), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    _wait_for(lambda: (run / "checkpoints").glob("policy_512_steps.zip"), proc)
+    assert (run / ".lock").read_text().strip() == str(proc.pid)
+    # A second run on the folder while the first writes it: refused, nothing touched.
+    with pytest.raises(ConfigError, match=f"in use by another 'hetpar train' \\(pid {proc.pid}"):
+        train(_ci_config(256), run_name="term", runs_dir=tmp_path / "runs", progress=False)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at" in out and "Traceback" not in err
+    saved = load_policy(run / "interrupted_policy.zip")
+    steps = saved.meta["timesteps"]
+    assert steps >= 512 and saved.meta["format_version"] == 2
+    assert not list(run.rglob("*.tmp")) and not (run / ".lock").exists()
+
+    # A damaged newest checkpoint: skipped with a line, training goes on from the previous.
+    path = run / "interrupted_policy.zip"
+    path.write_bytes(path.read_bytes()[:5000])
+    said: list[str] = []
+    cfg = parse_train_config({**data, "total_timesteps": 768}, str(config), name="ci")
+    result = train(cfg, run_name="term", runs_dir=tmp_path / "runs", resume=True,
+                   progress=False, log=said.append)
+    skipped = [s for s in said if s.startswith("skipping checkpoint interrupted_policy.zip")]
+    assert len(skipped) == 1 and "\n" not in skipped[0]
+    assert any(s.startswith("continuing from policy_") for s in said)
+    assert not result.interrupted and result.timesteps == 768
+
+    # A finished run is kept unless --overwrite; a lock left by a dead process is taken over.
+    with pytest.raises(ConfigError, match="--overwrite"):
+        train(cfg, run_name="term", runs_dir=tmp_path / "runs", progress=False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run / ".lock").write_text(f"{dead.pid}\n")
+    (run / "checkpoints" / f".policy_9_steps.zip.{dead.pid}.tmp").write_bytes(b"")
+    said.clear()
+    short = parse_train_config({**data, "total_timesteps": 256,
+                                "eval": {**data["eval"], "n": 0}}, str(config), name="ci")
+    again = train(short, run_name="term", runs_dir=tmp_path / "runs", overwrite=True,
+                  progress=False, log=said.append)
+    assert again.timesteps == 256 and not (run / ".lock").exists()
+    assert any("--overwrite: removed" in s for s in said)
+    assert any("cut short" in s for s in said)
+    assert not (run / "interrupted_policy.zip").exists()
+    assert not list(run.rglob("*.tmp"))

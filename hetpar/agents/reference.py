@@ -431,6 +431,7 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
           samples: int = POLICY_SAMPLES, seed: int = DEFAULT_SEED,
           seeds: Sequence[str] = DEFAULT_SEEDS, policy: Any = None,
           grace_s: float | None = None, memory_gib: float = 8.0, retry: bool = False,
+          trust_pickle: bool = False,
           log: Callable[[str], None] | None = None) -> BuildReport:
     """Build (or resume) the reference file of instances ``0 .. n-1`` of ``suite``.
 
@@ -464,7 +465,7 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
                                      f"asked for {n}")
     if any(m.startswith("policy") for m in seeds) and not hasattr(policy, "env_kwargs"):
         from hetpar.agents.io import load_policy
-        policy = load_policy(policy)
+        policy = load_policy(policy, trust_pickle=trust_pickle)
     report = BuildReport(refs)
     start = time.perf_counter()
     for i in range(n):

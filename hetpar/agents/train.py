@@ -310,6 +310,7 @@ def _make_env_fn(suite: str, env: Mapping[str, Any], rank: int, seed: int,
         if subprocess:
             # Ctrl-C is the main process's business (it saves a checkpoint and closes us).
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             import torch
             torch.set_num_threads(1)
         from stable_baselines3.common.monitor import Monitor
@@ -394,13 +395,14 @@ def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
                                  "update_threads": threads}
 
 
-def load_start(cfg: TrainConfig) -> Any:
+def load_start(cfg: TrainConfig, trust_pickle: bool = False) -> Any:
     """The policy ``finetune.init_policy`` names, loaded (``shipped``, ``clone``: the
-    bundled ones), or None; a missing or corrupt file is a ConfigError (one line)."""
+    bundled ones), or None; a missing or corrupt file is a ConfigError (one line).
+    ``trust_pickle``: a format-1 file may be unpickled (``load_policy``)."""
     from hetpar.agents.io import load_policy
 
     init = cfg.finetune["init_policy"]
-    return None if init is None else load_policy(init)
+    return None if init is None else load_policy(init, trust_pickle=trust_pickle)
 
 
 def init_weights(model: Any, bundle: Any, source: str = "") -> None:
@@ -444,12 +446,46 @@ def policy_meta(cfg: TrainConfig, run_name: str, timesteps: int,
 
 
 def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path = "runs",
-          resume: bool = False, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> TrainResult:
+          resume: bool = False, overwrite: bool = False, trust_pickle: bool = False,
+          progress: bool = True, log: Callable[[str], None] | None = None) -> TrainResult:
     """Train (or, with ``resume``, continue) a run; returns where everything went.
 
-    A ``KeyboardInterrupt`` during training saves ``interrupted_policy.zip`` in the run
-    folder and returns with ``interrupted=True``."""
+    The run folder is locked for the run (``runfolder.RunLock``): a second run on it is
+    refused. A folder holding an earlier run's results is refused unless ``resume``
+    (continue it) or ``overwrite`` (delete them first). A ``KeyboardInterrupt`` or SIGTERM
+    during training saves ``interrupted_policy.zip`` in the run folder and returns with
+    ``interrupted=True``; ``resume`` continues from the newest checkpoint that loads,
+    skipping damaged ones with a line each. ``trust_pickle``: ``init_policy`` may be a
+    format-1 (pickled) file."""
+    from hetpar.agents.runfolder import RunLock
+
+    runs = Path(runs_dir)
+    name = run_name or f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError("--run-name", "", f"use letters, digits, '.', '_' and '-', got {name!r}")
+    if resume and overwrite:
+        raise ConfigError("--overwrite", "", "give --resume or --overwrite, not both")
+    run_dir = runs / name
+    if resume and not run_dir.is_dir():
+        raise ConfigError(str(run_dir), "", "no such run folder to resume")
+    created = not run_dir.exists()
+    try:
+        lock = RunLock(run_dir).acquire()
+    except OSError as exc:
+        raise ConfigError(str(run_dir), "", f"cannot create the run folder "
+                                            f"({exc.strerror or exc})") from None
+    try:
+        return _train_locked(cfg, name, runs, run_dir, resume=resume, overwrite=overwrite,
+                             trust_pickle=trust_pickle, progress=progress, log=log)
+    finally:
+        lock.release()
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+
+
+def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, resume: bool,
+                  overwrite: bool, trust_pickle: bool, progress: bool,
+                  log: Callable[[str], None] | None) -> TrainResult:
     import torch
     from stable_baselines3.common.callbacks import CallbackList
 
@@ -461,6 +497,9 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     from hetpar.problem import DEFAULT_SEED
     from hetpar.problem.generator import load_suite
 
+    from hetpar.agents.runfolder import (clear_run_folder, signals_held, stale_temporaries,
+                                         stop_on_sigterm)
+
     messages: list[str] = []
 
     def say(text: str) -> None:
@@ -468,24 +507,24 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         if log:
             log(text)
 
-    runs = Path(runs_dir)
-    name = run_name or f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise ConfigError("--run-name", "", f"use letters, digits, '.', '_' and '-', got {name!r}")
-    run_dir = runs / name
     ckpt_dir = run_dir / "checkpoints"
-    resume_from: Path | None = None
+    for tmp in stale_temporaries(run_dir):
+        tmp.unlink(missing_ok=True)
+        say(f"removed {tmp}, a checkpoint whose write was cut short")
+    resume_from: list[Path] = []
     if resume:
-        if not run_dir.is_dir():
-            raise ConfigError(str(run_dir), "", "no such run folder to resume")
-        resume_from = _latest_checkpoint(run_dir)
-        if resume_from is None:
+        resume_from = _checkpoints(run_dir)
+        if not resume_from:
             raise ConfigError(str(run_dir), "", "no checkpoint to resume from")
-    elif run_dir.exists() and ((run_dir / "tb").exists() or any(run_dir.rglob("*.zip"))):
-        raise ConfigError(str(run_dir), "", "the run folder exists; pick another --run-name or "
-                                            f"continue it with --resume {name}")
+    elif _has_results(run_dir):
+        if not overwrite:
+            raise ConfigError(str(run_dir), "", "the run folder holds an earlier run; pick "
+                                                f"another --run-name, continue it with --resume "
+                                                f"{name}, or replace it with --overwrite")
+        clear_run_folder(run_dir)
+        say(f"--overwrite: removed the earlier run's files from {run_dir}")
     # The start policy before anything is written or computed: a bad file fails at once.
-    start_policy = load_start(cfg)
+    start_policy = load_start(cfg, trust_pickle)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_dict(), sort_keys=False))
 
@@ -533,22 +572,16 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     def save(model: Any, path: Path, extra: Mapping[str, Any] | None = None) -> Path:
         return save_policy(model, path, policy_meta(cfg, name, model.num_timesteps, extra))
 
-    if resume_from is not None:
-        say(f"resuming {name} from {resume_from.name}")
-        cls, extra = _algorithm(cfg)
-        model = cls.load(resume_from, env=vec_env, device="cpu",
-                         custom_objects={"learning_rate": _lr_schedule(
-                             cfg.ppo["learning_rate"]), **extra},
-                         tensorboard_log=str(run_dir / "tb"))
-    else:
-        model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"),
-                           start=start_policy)
+    model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"), start=start_policy)
+    if resume_from:
+        _resume_state(model, resume_from, say)
+        say(f"resuming {name} at {model.num_timesteps} timesteps")
     start_steps = int(model.num_timesteps)
     best_path = run_dir / "best_policy.zip"
     history = run_dir / "eval_history.jsonl"
     best_so_far = _best_from_history(history) if resume else math.inf
     imitation_stats: dict[str, Any] | None = None
-    if cfg.imitation is not None and resume_from is None:
+    if cfg.imitation is not None and not resume_from:
         try:
             imitation_stats = _pretrain(model, cfg, run_dir, runs, say)
         except KeyboardInterrupt:
@@ -559,11 +592,11 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         path = save(model, run_dir / IMITATION_FILE, {"imitation": imitation_stats})
         say(f"imitation policy saved to {path}")
     init = cfg.finetune["init_policy"]
-    if resume_from is None and init is not None and cfg.imitation is None:
+    if not resume_from and init is not None and cfg.imitation is None:
         say(f"PPO starts from the weights of {'the shipped policy' if init == 'shipped' else init}")
     start_phase = ("imitation" if cfg.imitation is not None else
                    "init" if init is not None else None)
-    if resume_from is None and start_phase is not None:
+    if not resume_from and start_phase is not None:
         if eval_env is not None:
             from hetpar.agents.callbacks import evaluate_policy_gaps
 
@@ -585,14 +618,14 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
         # with anchor_coef alone, the fresh network); a resumed run loads it again (the
         # clone from the run folder), else anchors where it resumes.
         clone = run_dir / IMITATION_FILE
-        if resume_from is None:
+        if not resume_from:
             model.set_anchor()
         elif start_policy is not None:
             model.set_anchor(start_policy.model.policy)
         elif clone.is_file():
             from hetpar.agents.io import load_policy
 
-            model.set_anchor(load_policy(clone).model.policy)
+            model.set_anchor(load_policy(clone, trust_pickle=trust_pickle).model.policy)
         else:
             model.set_anchor()
     callbacks: list[Any] = [StatsCallback()]
@@ -614,20 +647,23 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     interrupted = False
     final: Path | None = None
     try:
-        if remaining > 0:
-            model.learn(remaining, callback=CallbackList(callbacks), tb_log_name="ppo",
-                        reset_num_timesteps=not resume, progress_bar=False)
-        final = save(model, run_dir / "final_policy.zip",
-                     {"eval": _summary(eval_cb.last)} if eval_cb and eval_cb.last else None)
-        (run_dir / RESUME_FILE).unlink(missing_ok=True)
+        with stop_on_sigterm():
+            if remaining > 0:
+                model.learn(remaining, callback=CallbackList(callbacks), tb_log_name="ppo",
+                            reset_num_timesteps=not resume, progress_bar=False)
+            final = save(model, run_dir / "final_policy.zip",
+                         {"eval": _summary(eval_cb.last)} if eval_cb and eval_cb.last else None)
+            (run_dir / RESUME_FILE).unlink(missing_ok=True)
     except KeyboardInterrupt:
         interrupted = True
         bar.stop()
-        try:
-            model.logger.dump(model.num_timesteps)
-        except Exception:  # noqa: BLE001 - never lose the checkpoint over a log line
-            pass
-        path = save(model, run_dir / RESUME_FILE)
+        # A second Ctrl-C or SIGTERM waits for the checkpoint instead of cutting it.
+        with signals_held():
+            try:
+                model.logger.dump(model.num_timesteps)
+            except Exception:  # noqa: BLE001 - never lose the checkpoint over a log line
+                pass
+            path = save(model, run_dir / RESUME_FILE)
         where = "" if runs == Path("runs") else f" --runs-dir {runs}"
         say(f"interrupted at {model.num_timesteps} timesteps; saved {path}; continue with "
             f"'hetpar train --resume {name}{where}'")
@@ -703,8 +739,14 @@ def _best_from_history(history: Path) -> float:
     return best
 
 
-def _latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest of the interrupted and periodic checkpoints (by timesteps saved)."""
+def _has_results(run_dir: Path) -> bool:
+    return run_dir.is_dir() and ((run_dir / "tb").exists() or any(run_dir.rglob("*.zip")))
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    """The interrupted, periodic and final checkpoints, newest first (by the timesteps
+    their metadata records, then by file time); files whose metadata cannot be read come
+    first, so that resuming names the damage (one line each) before it goes on."""
     from hetpar.agents.io import read_meta
 
     found: list[tuple[int, float, Path]] = []
@@ -714,10 +756,28 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
         if p.is_file():
             try:
                 steps = int(read_meta(p).get("timesteps", 0))
-            except ConfigError:
-                continue
+            except (ConfigError, TypeError, ValueError):
+                steps = 2**62
             found.append((steps, p.stat().st_mtime, p))
-    return max(found)[2] if found else None
+    return [p for *_, p in sorted(found, reverse=True)]
+
+
+def _resume_state(model: Any, candidates: list[Path], say: Callable[[str], None]) -> Path:
+    """Restore ``model`` from the first of ``candidates`` that loads; each damaged one is
+    skipped with a line."""
+    from hetpar.agents.io import restore_training_state
+
+    reasons = []
+    for p in candidates:
+        try:
+            restore_training_state(model, p)
+        except ConfigError as exc:
+            say(f"skipping checkpoint {p.name}: {exc}")
+            reasons.append(str(exc))
+            continue
+        say(f"continuing from {p.name}")
+        return p
+    raise ConfigError(str(candidates[0].parent), "", f"no checkpoint loads ({reasons[0]})")
 
 
 def load_run_config(run_dir: Path) -> TrainConfig:

@@ -38,6 +38,11 @@ examples:
 """
 
 
+TRUST_PICKLE_HELP = ("load a policy file of format 1 (stable-baselines3's pickled zip, as "
+                     "earlier hetpar wrote them), which can run code when loaded; only for "
+                     "files you trust ('hetpar policy convert' rewrites one as format 2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetpar",
@@ -114,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_suite_parser(sub)
     _add_plan_parsers(sub)
     _add_train_parser(sub)
+    _add_policy_parser(sub)
     _add_replan_parser(sub)
     _add_reference_parser(sub)
     return parser
@@ -480,6 +486,7 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--policy", metavar="FILE",
                     help="policy file from 'hetpar train', or 'clone' for the bundled behaviour "
                          "clone (default: the shipped policy)")
+    pl.add_argument("--trust-pickle", action="store_true", help=TRUST_PICKLE_HELP)
     _add_instance_args(pl)
     pl.add_argument("--objective", default=None, metavar="OBJ",
                     help="mean, pNN (e.g. p90) or cvarA (e.g. cvar0.9); default: the "
@@ -527,6 +534,7 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--policy", metavar="FILE",
                     help="policy file from 'hetpar train', or 'clone' for the bundled behaviour "
                          "clone (default: the shipped policy)")
+    ev.add_argument("--trust-pickle", action="store_true", help=TRUST_PICKLE_HELP)
     ev.add_argument("--suite", required=True, metavar="SUITE",
                     help="bundled suite name, suite file or instance file (hetpar suite list)")
     ev.add_argument("--n", type=int, default=20, help="instances 0 .. N-1 (default 20)")
@@ -588,7 +596,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from hetpar.agents.io import load_policy
     from hetpar.agents.planner import policy_method, policy_problem
 
-    bundle = load_policy(args.policy)
+    bundle = load_policy(args.policy, trust_pickle=args.trust_pickle)
     # The problem: the policy's training objective and sample count unless given.
     problem = policy_problem(bundle, cluster, model, training, objective=objective,
                              samples=args.samples, seed=args.seed, constants=constants)
@@ -688,7 +696,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     bundle = None
     if any(m.startswith("policy") for m in methods):
         from hetpar.agents.io import load_policy
-        bundle = load_policy(args.policy)
+        bundle = load_policy(args.policy, trust_pickle=args.trust_pickle)
     reference = _evaluate_reference(args, suite)
 
     from rich import progress as rp
@@ -720,8 +728,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                     "Hyper-parameters come from a YAML config (configs/train/*.yaml, format in "
                     "docs/agents.md); runs/<run-name>/ receives the resolved config, TensorBoard "
                     "logs (tensorboard --logdir runs), checkpoints, the best policy by "
-                    "evaluation against exact and the final policy. Ctrl-C saves a checkpoint "
-                    "that --resume continues.")
+                    "evaluation against exact and the final policy. Ctrl-C or SIGTERM saves a "
+                    "checkpoint that --resume continues; one run at a time owns a run folder "
+                    "(runs/<run-name>/.lock).")
     tr.add_argument("--config", metavar="FILE|NAME",
                     help="training config file, or a bundled one: tiny, default (required "
                          "unless --resume)")
@@ -735,7 +744,14 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--runs-dir", default="runs", metavar="DIR",
                     help="where run folders go (default runs)")
     tr.add_argument("--resume", metavar="RUN",
-                    help="continue the run folder RUN from its latest checkpoint")
+                    help="continue the run folder RUN from its latest checkpoint (a damaged "
+                         "one is skipped for the one before)")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="delete what an earlier run saved in the run folder and start anew "
+                         "(without it, such a folder is refused)")
+    tr.add_argument("--trust-pickle", action="store_true",
+                    help="let finetune.init_policy be a policy file of format 1 "
+                         "(stable-baselines3's pickled zip), which can run code when loaded")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(func=_cmd_train)
 
@@ -764,10 +780,85 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
         name = args.run_name
     cfg = cfg.with_overrides(timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs)
     result = train(cfg, run_name=name, runs_dir=args.runs_dir, resume=bool(args.resume),
+                   overwrite=args.overwrite, trust_pickle=args.trust_pickle,
                    progress=not args.no_progress, log=lambda m: console.print(m, highlight=False))
     if result.interrupted:
         return 130
     console.print(f"run folder: {result.run_dir}  (tensorboard --logdir {result.run_dir.parent})")
+    return 0
+
+
+def _add_policy_parser(sub: argparse._SubParsersAction) -> None:
+    pol = sub.add_parser(
+        "policy", help="inspect or convert policy files",
+        description="A policy file (format 2) holds JSON metadata and safetensors weights: "
+                    "reading it cannot run code. Format 1, stable-baselines3's zip that "
+                    "earlier hetpar wrote, holds pickles, which can; 'convert' rewrites one "
+                    "as format 2 once, if you trust where it came from.")
+    psub = pol.add_subparsers(dest="policy_command", metavar="ACTION")
+    psub.required = True
+    show = psub.add_parser("show", help="print a policy file's metadata (never unpickles)")
+    show.add_argument("policy", metavar="FILE",
+                      help="policy file, or 'shipped' / 'clone' for a bundled one")
+    show.add_argument("--json", action="store_true", help="print the whole metadata as JSON")
+    show.set_defaults(func=_cmd_policy_show)
+    conv = psub.add_parser("convert", help="rewrite a format-1 (pickled) policy file as "
+                                           "format 2")
+    conv.add_argument("policy", metavar="OLD", help="format-1 policy file")
+    conv.add_argument("out", metavar="NEW", help="format-2 file to write (must not exist "
+                                                 "unless --overwrite)")
+    conv.add_argument("--trust-pickle", action="store_true",
+                      help="required: converting unpickles OLD, which can run code")
+    conv.add_argument("--overwrite", action="store_true", help="replace NEW if it exists")
+    conv.set_defaults(func=_cmd_policy_convert)
+
+
+def _cmd_policy_show(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.agents.io import policy_path, read_meta
+
+    path = policy_path(args.policy)
+    meta = read_meta(path)
+    if args.json:
+        print(json.dumps(meta, indent=1, sort_keys=True, default=str))
+        return 0
+    env = meta.get("env_kwargs") or {}
+    net = meta.get("network") or {}
+    lines = [f"{path}",
+             f"  format {meta.get('format_version')} (hetpar {meta.get('hetpar_version', '?')})"
+             + ("  [pickled: load only with --trust-pickle]"
+                if meta.get("format_version") == 1 else ""),
+             f"  trained {meta.get('timesteps', '?')} timesteps"
+             + (f", run {meta['run_name']}" if meta.get("run_name") else "")
+             + (f", saved {meta['saved_at']}" if meta.get("saved_at") else ""),
+             f"  max_hosts {meta.get('max_hosts')}, objective {env.get('objective', '?')}, "
+             f"bandwidth {env.get('bandwidth', '?')}, samples {env.get('samples', '?')}",
+             f"  network {net.get('class', '?')} {net.get('kwargs', '')}" if net else
+             "  network: a stable-baselines3 pickle"]
+    console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
+def _cmd_policy_convert(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.agents.io import LEGACY_FORMAT, convert_legacy_policy, read_meta
+
+    if not args.trust_pickle:
+        raise ConfigError("--trust-pickle", "", "required: converting a format-1 file "
+                                                "unpickles it, which can run code")
+    out = Path(args.out)
+    if out.suffix != ".zip":
+        out = out.with_name(out.name + ".zip")
+    if out.exists() and not args.overwrite:
+        raise ConfigError(str(out), "", "exists; pass --overwrite to replace it")
+    if not out.parent.is_dir():
+        raise ConfigError(str(out), "", "its folder does not exist")
+    version = read_meta(args.policy).get("format_version")
+    if version != LEGACY_FORMAT:
+        raise ConfigError(args.policy, "format_version",
+                          f"format {version!r}, not a format-1 file; nothing to convert")
+    path = convert_legacy_policy(args.policy, out,
+                                 warn=lambda m: print(m, file=sys.stderr))
+    console.print(f"wrote {path} (format 2: metadata and safetensors weights)",
+                  highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
@@ -823,6 +914,7 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--policy", metavar="FILE",
                    help="policy file of a policy seed method, or 'clone' for the bundled "
                         "behaviour clone (default: the shipped policy)")
+    b.add_argument("--trust-pickle", action="store_true", help=TRUST_PICKLE_HELP)
     b.add_argument("--grace", type=float, default=None, metavar="S",
                    help="stop an exact search S seconds past its limit (default max(10, "
                         "time limit))")
@@ -870,7 +962,7 @@ def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
                    out=args.out, objective=args.objective,
                    samples=args.samples if args.samples is not None else POLICY_SAMPLES,
                    seed=args.seed, seeds=seeds, policy=args.policy, grace_s=args.grace,
-                   retry=args.retry, log=log)
+                   retry=args.retry, trust_pickle=args.trust_pickle, log=log)
     refs = report.references
     done = [refs.entries[i] for i in range(args.n) if i in refs.entries]
     again = f" ({len(report.retried)} of them again)" if report.retried else ""

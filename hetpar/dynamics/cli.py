@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="policy file for the 'policy' strategy, or 'clone' for the bundled "
                         "behaviour clone (default: the shipped policy; skipped with a note "
                         "when none is available)")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="load a policy file of format 1 (stable-baselines3's pickled zip, "
+                        "as earlier hetpar wrote them), which can run code when loaded; only "
+                        "for files you trust ('hetpar policy convert' rewrites one as format 2)")
     p.add_argument("--beam", type=int, default=None, metavar="W",
                    help="beam width of the policy's planning (default 1: one rollout; "
                         "3-4 plan up to 3%% better in 60-100 ms, see docs/results-dynamic.md)")
@@ -131,6 +135,7 @@ def run(args: argparse.Namespace, log: Any) -> int:
     if changes:
         scenario = dataclasses.replace(scenario, **changes)
     result = run_scenario(scenario, strategies, seeds, policy_path=args.policy,
+                          trust_pickle=args.trust_pickle,
                           iterations=args.iterations, time_limit_s=args.time_limit,
                           lookahead_s=args.lookahead, beam=args.beam,
                           refine_steps=args.refine_steps,

@@ -62,6 +62,7 @@ class ScenarioRun:
 
 def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[int], *,
                  planners: Planners | None = None, policy_path: str | None = None,
+                 trust_pickle: bool = False,
                  iterations: int | None = None, time_limit_s: float | None = None,
                  lookahead_s: float | None = None, beam: int | None = None,
                  refine_steps: int | None = None, decision_budget_s: float | None = None,
@@ -75,7 +76,8 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
     training = load_training(scenario.training)
     if planners is None:
         planners = Planners(model, training, time_limit_s or scenario.exact_time_limit_s,
-                            policy_path, beam=beam, refine_steps=refine_steps)
+                            policy_path, trust_pickle, beam=beam,
+                            refine_steps=refine_steps)
         if decision_budget_s is not None:
             planners.decision_budget_s = (None if math.isinf(decision_budget_s)
                                           else decision_budget_s)

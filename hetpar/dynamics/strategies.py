@@ -99,6 +99,7 @@ class Planners:
     training: TrainingSpec
     time_limit_s: float = 5.0
     policy_path: str | None = None
+    trust_pickle: bool = False  # a format-1 (pickled) policy file may be loaded
     beam: int | None = None  # of the policy's planning (None: REPLAN_BEAM)
     refine_steps: int | None = None  # of each refinement (None: REPLAN_REFINE_STEPS)
     refine_candidates: int | None = None  # structures refined besides the greedy one
@@ -194,7 +195,8 @@ class Planners:
         if self._bundle is None and not self._bundle_error:
             try:
                 from hetpar.agents.io import load_policy
-                self._bundle = load_policy(self.policy_path)
+                self._bundle = load_policy(self.policy_path,
+                                           trust_pickle=self.trust_pickle)
             except (HetparError, ImportError) as exc:
                 self._bundle_error = str(exc)
         if self._bundle is None:

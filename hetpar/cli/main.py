@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 from rich.console import Console
@@ -1021,19 +1023,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console()
+    previous = _sigterm_interrupts()
     try:
         return int(args.func(args, console))
     except HetparError as exc:
         print(f"hetpar: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("hetpar: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"hetpar: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except BrokenPipeError:
         # The reader went away (``hetpar solve --json | head``): what it read stands, and
         # the interpreter must not fail again flushing stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a process killed by it
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's ``KeyboardInterrupt`` would be: every command's
+    clean-up (search workers stopped, a training checkpoint saved) runs for both."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _sigterm_interrupts() -> Any:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -65,6 +65,16 @@ def _run_task(task: Task) -> TaskResult:
                               _WORKER["done"])  # type: ignore[arg-type]
 
 
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    # The executor has no public way to stop a running task; its worker processes are
+    # in ``_processes`` (CPython 3.8+).
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            proc.terminate()
+        except (OSError, ValueError):
+            pass
+
+
 @dataclass
 class ProcessExecutor:
     workers: int = 2
@@ -118,6 +128,12 @@ class ProcessExecutor:
                     on_result(i, fut.result())
                 if subtrees == 0 and (exhausted or time.time() > problem.deadline):
                     subtrees_done.set()
+        except BaseException:
+            # Interrupted (Ctrl-C; SIGTERM, which only this process receives) or failed:
+            # the workers stop now rather than when their subtrees end, and none is left
+            # running after this process has gone.
+            _terminate_workers(pool)
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 

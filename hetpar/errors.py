@@ -18,8 +18,18 @@ class ConfigError(HetparError):
         self.source = source
         self.field = field
         self.problem = problem
-        where = ": ".join(p for p in (source, field) if p)
+        where = ": ".join(one_line(p, 200) for p in (source, field) if p)
+        problem = one_line(problem, 600)
         super().__init__(f"{where}: {problem}" if where else problem)
+
+
+def one_line(text: object, limit: int = 600) -> str:
+    """``text`` as one line of at most ``limit`` characters: an error names the file,
+    the field and the problem on exactly one line, whatever a field name (a YAML key) or
+    a value holds."""
+    out = " ".join(str(text).replace("\r", "\n").split("\n")) if text else ""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in out)
+    return out if len(out) <= limit else out[:limit - 3] + "..."
 
 
 class PlanError(ConfigError):

@@ -13,7 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hetpar.configio import Reader, load_document
+from hetpar import limits
+from hetpar.configio import Reader, load_document, parse_text
 from hetpar.errors import ConfigError, PlanError
 from hetpar.workload.training import RECOMPUTE_MODES
 
@@ -77,7 +78,7 @@ class Plan:
         unknown = set(r.data) - {"version", "micro_batches", "recompute", "zero", "stages",
                                  "meta"}
         if unknown:
-            raise PlanError(source, sorted(unknown)[0], "unknown plan field")
+            raise PlanError(source, sorted(map(str, unknown))[0], "unknown plan field")
         version = r.int("version", PLAN_VERSION)
         if version != PLAN_VERSION:
             raise PlanError(source, "version", f"unsupported plan version {version} "
@@ -85,33 +86,40 @@ class Plan:
         stages = []
         for sr in r.sub_list("stages"):
             if set(sr.data) - {"layers", "tp", "replicas"}:
-                extra = sorted(set(sr.data) - {"layers", "tp", "replicas"})[0]
+                extra = sorted(map(str, set(sr.data) - {"layers", "tp", "replicas"}))[0]
                 raise PlanError(source, sr.field(extra), "unknown stage field")
             replicas = []
             for rr in sr.sub_list("replicas"):
+                if set(rr.data) - {"host", "gpus"}:
+                    extra = sorted(map(str, set(rr.data) - {"host", "gpus"}))[0]
+                    raise PlanError(source, rr.field(extra), "unknown replica field "
+                                                             "(allowed: gpus, host)")
                 gpus = rr.raw("gpus")
                 if not isinstance(gpus, list) or not all(
-                        isinstance(g, int) and not isinstance(g, bool) for g in gpus):
-                    raise PlanError(source, rr.field("gpus"), "expected a list of GPU indices")
+                        isinstance(g, int) and not isinstance(g, bool)
+                        and abs(g) < limits.MAX_GPUS_PER_HOST for g in gpus):
+                    raise PlanError(source, rr.field("gpus"), "expected a list of GPU indices "
+                                                              f"(0 to {limits.MAX_GPUS_PER_HOST - 1})")
                 replicas.append(Replica(str(rr.str("host")), tuple(gpus)))
-            stages.append(Stage(sr.int("layers", minimum=0), sr.int("tp", minimum=1),
+            stages.append(Stage(sr.int("layers", minimum=0, maximum=limits.MAX_LAYERS),
+                                sr.int("tp", minimum=1, maximum=limits.MAX_GPUS_PER_HOST),
                                 tuple(replicas)))
         if not stages:
             raise PlanError(source, "stages", "a plan needs at least one stage")
         return cls(
             stages=tuple(stages),
-            micro_batches=r.int("micro_batches", minimum=1),
+            micro_batches=r.int("micro_batches", minimum=1, maximum=limits.MAX_GLOBAL_BATCH),
             recompute=r.choice("recompute", RECOMPUTE_MODES, "none"),
-            zero=r.int("zero", 0, minimum=0),
+            zero=r.int("zero", 0, minimum=0, maximum=3),
             version=version,
         )
 
     @classmethod
     def from_json(cls, text: str, source: str = "<json>") -> Plan:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}") from None
+            data = parse_text(text, source, json_format=True)
+        except ConfigError as exc:
+            raise PlanError(exc.source, exc.field, exc.problem) from None
         return cls.from_dict(data, source)
 
     @classmethod

@@ -293,7 +293,8 @@ def _files(tmp_path):
 
 def test_cli_start_plans_seed_the_exact_search(capsys, tmp_path):
     base, start = _files(tmp_path)
-    code, out, err = run(capsys, *base, "--start", start, "--no-policy-start", "--json")
+    code, out, err = run(capsys, *base, "--start", start, "--no-policy-start", "--json",
+                         "--timings")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["found_by"] == "start" and doc["optimal"]

@@ -125,7 +125,7 @@ def test_plan_cli_prints_plan_compares_and_writes_estimable_file(capsys, policy8
 def test_plan_cli_json_gap_is_consistent(capsys, policy8):
     code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
                          "--model", "gpt2-medium", "--compare", "megatron", "--json",
-                         "--objective", "cvar0.9")
+                         "--objective", "cvar0.9", "--timings")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["objective"] == "cvar0.9" and doc["inputs"]["samples"] == SAMPLES
@@ -148,7 +148,7 @@ def test_plan_cli_no_improve_skips_the_structure_search(capsys, policy8):
     assert code == 0, err
     assert "refinement" in out and "structure search" not in out
     code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
-                         "--model", "gpt2-medium", "--json", "--improve", "0")
+                         "--model", "gpt2-medium", "--json", "--improve", "0", "--timings")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["timings_s"]["improve"] == 0.0 and doc["details"]["improve_moves"] == 0

@@ -139,7 +139,8 @@ def _solve_keys() -> list[str]:
 # ---- the commands print the same fields --------------------------------------------------
 
 def test_plan_and_solve_json_have_the_same_result_fields(capsys, shipped):
-    args = ("--cluster", "amp-het-16", "--model", "gpt2-medium", "--samples", "4", "--json")
+    args = ("--cluster", "amp-het-16", "--model", "gpt2-medium", "--samples", "4", "--json",
+            "--timings")  # every field of Solution.to_dict (without: all but the timings)
     code, out, err = run(capsys, "solve", "--method", "metis", *args)
     assert code == 0, err
     solved = json.loads(out)
@@ -175,7 +176,8 @@ def test_evaluate_rows_carry_the_result_fields(capsys, shipped, tmp_path):
     pytest.importorskip("matplotlib")
     methods = "policy-raw,metis,local-search"
     code, out, err = run(capsys, "evaluate", "--suite", "tiny", "--n", "1", "--methods",
-                         methods, "--samples", "4", "--out", tmp_path / "ev", "--json")
+                         methods, "--samples", "4", "--out", tmp_path / "ev", "--json",
+                         "--timings")
     assert code == 0, err
     doc = json.loads(out)
     assert [r["method"] for r in doc["rows"]] == methods.split(",")

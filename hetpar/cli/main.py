@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any, NoReturn
 
 from rich.console import Console
 
 from hetpar import __version__
+from hetpar.cli.jsonout import TIMINGS_HELP
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
 
 __all__ = ["main", "build_parser"]
@@ -45,8 +47,20 @@ TRUST_PICKLE_HELP = ("load a policy file of format 1 (stable-baselines3's pickle
                      "files you trust ('hetpar policy convert' rewrites one as format 2)")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``hetpar: error: ...``, exit status 2)
+    like every other refusal; ``--help`` still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        from hetpar.errors import one_line
+
+        print(f"hetpar: error: {one_line(self.prog)}: {one_line(message)} (see "
+              f"{one_line(self.prog)} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="hetpar",
         description="Hybrid-parallel training plans for LLMs on heterogeneous GPU clusters "
                     "whose network bandwidth varies.",
@@ -79,11 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "random", "local-search", "brute"),
                      help="search method (default exact)")
     _add_scoring_args(sol, "bandwidth states the objective is computed over (default 32)")
+    sol.add_argument("--timings", action="store_true", help=TIMINGS_HELP)
     sol.add_argument("--workers", type=int, default=1, metavar="N",
-                     help="worker processes for the exact search (default 1)")
+                     help="worker processes for the exact search (default 1; above 1 a "
+                          "completed search proves the same optimum, but which of equally "
+                          "good plans it returns, found_by and the node counts may differ "
+                          "from run to run)")
     sol.add_argument("--time-limit", type=float, default=None, metavar="S",
                      help="stop the exact search (or the local search) after S seconds "
-                          "(anytime)")
+                          "(anytime). A search the limit stops returns the best plan found "
+                          "by then, which depends on the machine's speed and load: two runs "
+                          "with the same seed may return different plans. A search that ends "
+                          "before its limit returns the same result on every run")
     sol.add_argument("--budget", type=int, default=200,
                      help="plans the random baseline may score (default 200)")
     sol.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
@@ -149,6 +170,30 @@ def _add_scoring_args(p: argparse.ArgumentParser, samples_help: str) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
+def _json_doc(doc: dict, args: argparse.Namespace) -> dict:
+    """``doc`` as ``--json`` prints it: without wall-clock figures unless ``--timings``
+    (``hetpar.cli.jsonout``)."""
+    from hetpar.problem.solution import without_timings
+
+    return doc if getattr(args, "timings", False) else without_timings(doc)
+
+
+def _check_precision(cluster, training) -> None:  # noqa: ANN001 - Cluster, TrainingSpec
+    """A search for a plan refuses a cluster with GPUs that lack the training precision
+    (bf16 on a V100 or T4: configs/gpus.yaml, ``bf16: null``) rather than silently
+    leaving them out; 'hetpar estimate' names such a GPU only if the plan uses it."""
+    lacking = sorted({h.gpu.name for h in cluster.hosts
+                      if training.precision == "bf16" and h.gpu.peak_bf16_tflops is None})
+    if lacking:
+        hosts = [h.name for h in cluster.hosts if h.gpu.name in lacking]
+        raise ConfigError(cluster.source or cluster.name, "hosts",
+                          f"{', '.join(lacking)} (host{'s' if len(hosts) > 1 else ''} "
+                          f"{', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''}) "
+                          f"cannot train in {training.precision} (training "
+                          f"{training.name}: precision {training.precision}); use precision "
+                          "fp16 or a cluster without them")
+
+
 def _load_instance(args: argparse.Namespace) -> tuple:
     """(cluster, model, training, constants) named by the instance options."""
     from hetpar.cluster.topology import load_cluster
@@ -179,7 +224,7 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
         out["objective"] = {"name": objective.name, "value_s": value}
         out["instance"] = {"cluster": cluster.name, "model": model.name,
                            "training": training.name, "samples": args.samples, "seed": args.seed}
-        print(json.dumps(out, allow_nan=True))
+        _print_json(out)
         return 0
     from hetpar.cli.render import render_estimate
     render_estimate(console, est, cluster, cm.model, objective.name, value)
@@ -201,6 +246,7 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
     if args.samples < 1:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     cluster, model, training, constants = _load_instance(args)
+    _check_precision(cluster, training)
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
@@ -252,7 +298,7 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         except OSError as exc:
             raise ConfigError(str(out), "", f"cannot write: {exc.strerror}") from None
     if args.json:
-        print(json.dumps(solution.to_dict(), allow_nan=True))
+        _print_json(_json_doc(solution.to_dict(), args))
         return 0
     _render(console, problem, solution)
     if out is not None:
@@ -278,7 +324,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     cal = calibration_report(constants)
     reports = [validation_report(constants, exp) for exp in ("het_cluster", "homogeneous")]
     if args.json:
-        print(json.dumps({
+        _print_json({
             "calibration": {"mape": cal.mape,
                             "rows": {r.row_id: {"published_s": r.measured_s,
                                                 "predicted_s": r.predicted_s} for r in cal.results}},
@@ -290,7 +336,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                           "rows": {r.row_id: {"measured_s": r.measured_s,
                                               "predicted_s": r.predicted_s,
                                               "feasible": r.feasible} for r in rep.results}}
-               for rep in reports}}, allow_nan=True))
+               for rep in reports}})
         return 0
     from hetpar.cli.render import render_calibration, render_validation
     render_calibration(console, cal)
@@ -395,9 +441,9 @@ def _cmd_suite_show(args: argparse.Namespace, console: Console) -> int:
 
     suite, instances = _suite_range(args)
     if args.json:
-        print(json.dumps({"suite": suite.name, "max_hosts": suite.max_hosts, "size": suite.size,
-                          "instances": [{"summary": describe_instance(inst),
-                                         "instance": inst.to_dict()} for inst in instances]}))
+        _print_json({"suite": suite.name, "max_hosts": suite.max_hosts, "size": suite.size,
+                     "instances": [{"summary": describe_instance(inst),
+                                    "instance": inst.to_dict()} for inst in instances]})
         return 0
 
     def span(lo_hi: list, fmt: str = "{:g}") -> str:
@@ -498,12 +544,14 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                          "policy's)")
     pl.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
     pl.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    pl.add_argument("--timings", action="store_true", help=TIMINGS_HELP)
     pl.add_argument("--out", metavar="FILE", help="write the plan (JSON) for 'hetpar estimate'")
     pl.add_argument("--compare", choices=("exact", "metis", "megatron", "random",
                                           "local-search"),
                     help="also run this method and print the gap T_policy / T_method - 1")
     pl.add_argument("--time-limit", type=float, default=None, metavar="S",
-                    help="time limit of the exact search for --compare exact")
+                    help="time limit of the exact search for --compare exact (a search it "
+                         "stops may return another plan on another run)")
     pl.add_argument("--beam", type=int, default=None, metavar="W",
                     help="beam width of the search over the policy's decisions (default 1: "
                          "the single most likely rollout; 4 finds a better start now and "
@@ -550,7 +598,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--beam", type=int, default=None, metavar="W",
                     help="beam width of the 'policy-beam' method (default 4)")
     ev.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                    help="time limit of the exact search per instance (default 60)")
+                    help="time limit of the exact search per instance (default 60; an "
+                         "instance the limit stops may get another plan on another run)")
     ev.add_argument("--workers", type=int, default=1, metavar="N",
                     help="worker processes of the exact search (default 1)")
     ev.add_argument("--objective", default=None, metavar="OBJ",
@@ -562,6 +611,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", action="store_true",
                     help="print one JSON object (every row's result fields, as 'hetpar solve "
                          "--json' prints them) instead of the summary")
+    ev.add_argument("--timings", action="store_true",
+                    help=TIMINGS_HELP + " (results.csv keeps every row's wall_s)")
     ev.add_argument("--reference", metavar="FILE",
                     help="reference file of the suite (default: configs/references/SUITE.json "
                          "when there is one): adds each method's gap to its proven optima, "
@@ -593,6 +644,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if out is not None and not out.parent.exists():
         raise ConfigError(str(out), "", "its folder does not exist")
     cluster, model, training, constants = _load_instance(args)
+    _check_precision(cluster, training)
 
     from hetpar.agents import planning
     from hetpar.agents.io import load_policy
@@ -623,7 +675,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             # The compared method's own result fields, and T_policy / T_method - 1 (its
             # "gap" is its own bound's, as in every result).
             doc["compare"] = {**other.to_dict(), "policy_gap": gap}
-        print(json.dumps(doc, allow_nan=True))
+        _print_json(_json_doc(doc, args))
         return 0
     _render(console, problem, result)
     if other is not None:
@@ -716,7 +768,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
     paths = write_outputs(result, out)
     if args.json:
-        print(json.dumps(result.to_dict(), allow_nan=True))
+        _print_json(_json_doc(result.to_dict(), args))
         return 0
     console.print(result.summary_markdown(), highlight=False, markup=False, soft_wrap=True)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
@@ -1019,15 +1071,149 @@ def _add_replan_parser(sub: argparse._SubParsersAction) -> None:
         args, lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True)))
 
 
+def _finite(doc: Any) -> Any:  # noqa: ANN401 - JSON-ready data
+    """``doc`` with every NaN or infinite float replaced by null: ``--json`` prints strict
+    JSON (``NaN`` and ``Infinity`` are not JSON), null standing for "none" (no bound
+    proven, no plan found)."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
+
+
+def _print_json(doc: Any) -> None:  # noqa: ANN401 - JSON-ready data
+    """Print one strict JSON object (``_finite``) on stdout."""
+    print(json.dumps(_finite(doc), allow_nan=False))
+
+
+# Integer flags with stated limits (hetpar.limits): flag attribute -> (least, most, why).
+def _int_flag_limits() -> dict[str, tuple[int, int, str]]:
+    from hetpar import limits as lim
+
+    return {
+        "seed": (0, lim.MAX_SEED, "seeds are non-negative integers"),
+        "samples": (0, lim.MAX_SAMPLES, "hetpar.limits.MAX_SAMPLES"),
+        "workers": (1, lim.MAX_WORKERS, "hetpar.limits.MAX_WORKERS"),
+        "budget": (1, lim.MAX_BUDGET, "hetpar.limits.MAX_BUDGET"),
+        "n": (0, lim.MAX_INSTANCES, "hetpar.limits.MAX_INSTANCES"),
+        "seed_offset": (0, 2**31 - 1, "suite indices run to 2**31 - 1"),
+        "refine_steps": (1, lim.MAX_STEPS, "hetpar.limits.MAX_STEPS"),
+        "beam": (1, lim.MAX_BEAM, "hetpar.limits.MAX_BEAM"),
+        "improve": (0, lim.MAX_BUDGET, "hetpar.limits.MAX_BUDGET"),
+        "iterations": (1, lim.MAX_ITERATIONS, "hetpar.limits.MAX_ITERATIONS"),
+        "timesteps": (1, lim.MAX_ITERATIONS, "hetpar.limits.MAX_ITERATIONS"),
+        "n_envs": (1, lim.MAX_WORKERS, "hetpar.limits.MAX_WORKERS"),
+    }
+
+
+# Commands whose --out names a file, and those whose --out names a folder.
+_OUT_FILE = {"solve", "plan", "calibrate", "suite", "reference"}
+_OUT_DIR = {"evaluate", "replan"}
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every flag within its type's and ``hetpar.limits``' range before any work starts:
+    integers within their stated limits, every number finite (``--time-limit`` finite,
+    positive and at most MAX_TIME_LIMIT_S), ``--out`` a place that can be written."""
+    from hetpar import limits as lim
+
+    bounds = _int_flag_limits()
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int):
+            lo, hi, why = bounds.get(key, (-lim.MAX_INT, lim.MAX_INT, "int64"))
+            if not lo <= value <= hi:
+                what = f"at least {lo:,}" if value < lo else f"at most {hi:,} ({why})"
+                raise ConfigError(flag, "", f"must be {what}, got {value:,}"
+                                  if value.bit_length() < 200 else
+                                  f"must be {what}, got an integer of {value.bit_length()} bits")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ConfigError(flag, "", f"must be a finite number, got {value}")
+            if key == "time_limit" and not 0 < value <= lim.MAX_TIME_LIMIT_S:
+                raise ConfigError(flag, "", f"must be positive and at most "
+                                            f"{lim.MAX_TIME_LIMIT_S:g} s, got {value:g}")
+            if abs(value) > lim.MAX_NUMBER:
+                raise ConfigError(flag, "", f"must be at most {lim.MAX_NUMBER:g} in magnitude, "
+                                            f"got {value:g}")
+    out = getattr(args, "out", None)
+    if isinstance(out, str):
+        if args.command in _OUT_DIR:
+            _check_out_dir(out)
+        elif args.command in _OUT_FILE:
+            _check_out_file(out)
+    runs_dir = getattr(args, "runs_dir", None)
+    if isinstance(runs_dir, str):
+        _check_out_dir(runs_dir, "--runs-dir")
+
+
+def _check_out_file(out: str, flag: str = "--out") -> None:
+    """``out`` can be written as a file: not a folder, its folder exists and is writable."""
+    path = Path(out)
+    if not out or path.name in ("", ".", "..") or path.is_dir():
+        raise ConfigError(out or "''", flag, "is a folder; name a file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(out, flag, "exists and is not a regular file")
+    folder = path.parent
+    if not folder.exists():
+        raise ConfigError(out, flag, "cannot write: its folder does not exist")
+    if not folder.is_dir():
+        raise ConfigError(out, flag, f"{folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(out, flag, f"cannot write in {folder} (no permission)")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(out, flag, "exists and cannot be overwritten (no permission)")
+
+
+def _check_out_dir(out: str, flag: str = "--out") -> None:
+    """``out`` is a folder, or one can be made: nothing in its way is a file, and the
+    nearest folder that exists is writable."""
+    path = Path(out)
+    if not out:
+        raise ConfigError("''", flag, "names no folder")
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(out, flag, "exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(out, flag, "cannot write in it (no permission)")
+        return
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(out, flag, f"cannot create it: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(out, flag, f"cannot create it in {ancestor} (no permission)")
+    missing = [path, *[p for p in path.parents if not p.exists()]]
+    try:  # the one sure test (as root, os.access says yes to /proc)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(out, flag, f"cannot create it: {exc.strerror or exc}") from None
+    finally:  # a refused command leaves no empty folder behind; the command makes it
+        for made in missing:
+            try:
+                made.rmdir()
+            except OSError:
+                break
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console()
     previous = _sigterm_interrupts()
     try:
+        _check_flags(args)
         return int(args.func(args, console))
     except HetparError as exc:
-        print(f"hetpar: error: {exc}", file=sys.stderr)
+        from hetpar.errors import one_line
+
+        print(f"hetpar: error: {one_line(exc, 1000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
@@ -1038,6 +1224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the interpreter must not fail again flushing stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a process killed by it
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A file-system refusal no check foresaw (a path too long, a folder that cannot
+        # be made): the path and the reason, on one line.
+        from hetpar.errors import one_line
+
+        print(f"hetpar: error: {one_line(exc.filename, 300)}: "
+              f"{one_line(exc.strerror or exc, 300)}", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -23,7 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
-from hetpar.configio import Reader
+from hetpar import limits
+from hetpar.configio import Reader, read_bounded_text
 from hetpar.errors import ConfigError
 
 __all__ = ["BandwidthModel", "Constant", "LogNormal", "Markov", "Trace", "parse_bandwidth_model"]
@@ -185,11 +186,15 @@ class Trace:
 
 
 def _load_trace(path: Path, column: str, source: str, where: str) -> Trace:
+    text = read_bounded_text(path, limits.MAX_TRACE_BYTES, source=source, field=where,
+                             what="trace")
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except OSError as exc:
-        raise ConfigError(source, where, f"cannot read trace {path}: {exc.strerror}") from None
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as exc:
+        raise ConfigError(str(path), "", f"malformed CSV: {exc}") from None
+    if len(rows) > limits.MAX_TRACE_ROWS + 1:
+        raise ConfigError(str(path), "", f"{len(rows) - 1:,} rows, more than the "
+                                         f"{limits.MAX_TRACE_ROWS:,} a trace may have")
     if not rows or "time_s" not in rows[0] or column not in rows[0]:
         raise ConfigError(str(path), "line 1", f"trace header needs columns time_s and {column!r}")
     ti, ci = rows[0].index("time_s"), rows[0].index(column)
@@ -198,12 +203,19 @@ def _load_trace(path: Path, column: str, source: str, where: str) -> Trace:
     for lineno, row in enumerate(rows[1:], start=2):
         if not row:
             continue
+        if len(row) != len(rows[0]):
+            raise ConfigError(str(path), f"line {lineno}", f"{len(row)} fields, the header has "
+                                                           f"{len(rows[0])}")
         try:
             t, v = float(row[ti]), float(row[ci])
         except (ValueError, IndexError):
             raise ConfigError(str(path), f"line {lineno}", f"non-numeric or missing value in "
                                                            f"time_s or {column!r}") from None
-        if not (math.isfinite(v) and v > 0):
+        if not math.isfinite(t) or t < 0 or t > limits.MAX_NUMBER:
+            raise ConfigError(str(path), f"line {lineno}", f"time_s must be finite, at least 0 "
+                                                           f"and at most {limits.MAX_NUMBER:g}, "
+                                                           f"got {row[ti]!r}"[:200])
+        if not (math.isfinite(v) and v >= limits.MIN_POSITIVE):
             raise ConfigError(str(path), f"line {lineno}", f"bandwidth must be positive, got {v:g}")
         if times and t < times[-1]:
             raise ConfigError(str(path), f"line {lineno}", "time goes backwards")
@@ -248,7 +260,8 @@ def parse_bandwidth_model(r: Reader, capacity_gbps: float, base_dir: Path) -> Ba
             for target in to.data:
                 if target not in names:
                     raise to.error(str(target), f"unknown state (states: {', '.join(names)})")
-                row[names.index(target)] = to.number(str(target), nonnegative=True)
+                row[names.index(target)] = to.number(
+                    str(target), nonnegative=True, maximum=limits.MAX_MARKOV_RATE)
             rates.append(tuple(row))
         return Markov(tuple(names), tuple(gbps), tuple(rates))
     r.check_keys(frozenset({"kind", "file", "column"}))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetpar.configio import Reader, bundled_dir, load_document
+from hetpar import limits
+from hetpar.configio import Reader, as_float, bundled_dir, load_document
 from hetpar.errors import ConfigError
 
 __all__ = ["GpuType", "GpuCatalog", "load_gpu_catalog", "SCALEUP_KINDS"]
@@ -95,21 +97,38 @@ def _parse_gpu(name: str, r: Reader) -> GpuType:
     peak.check_keys(frozenset({"fp16", "bf16"}))
     scaleup = r.sub("scaleup")
     scaleup.check_keys(frozenset({"kind", "GBps"}))
+    r.str("notes", ""), r.str("source", "")  # free text, but text
     aliases = r.raw("aliases", [])
-    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise r.error("aliases", "expected a list of names")
     return GpuType(
         name=name,
         vendor=r.str("vendor", "unknown"),
-        peak_fp16_tflops=peak.number("fp16", positive=True),
-        peak_bf16_tflops=peak.number("bf16", None, positive=True),
-        memory_gib=r.number("memory_gib", positive=True),
-        hbm_GBps=r.number("hbm_GBps", positive=True),
+        peak_fp16_tflops=_plausible(peak, "fp16", "peak_tflops"),
+        peak_bf16_tflops=_plausible(peak, "bf16", "peak_tflops", None),
+        memory_gib=_plausible(r, "memory_gib", "memory_gib"),
+        hbm_GBps=_plausible(r, "hbm_GBps", "hbm_GBps"),
         scaleup_kind=scaleup.choice("kind", SCALEUP_KINDS),
-        scaleup_GBps=scaleup.number("GBps", positive=True),
-        pcie_GBps=r.number("pcie_GBps", 16.0, positive=True),
+        scaleup_GBps=_plausible(scaleup, "GBps", "scaleup.GBps"),
+        pcie_GBps=_plausible(r, "pcie_GBps", "pcie_GBps", 16.0),
         aliases=tuple(aliases),
     )
+
+
+_NO_DEFAULT = object()
+
+
+def _plausible(r: Reader, key: str, kind: str, default: object = _NO_DEFAULT) -> float | None:
+    """A datasheet figure within its plausible range (``limits.GPU_RANGES``): a figure
+    outside is almost surely in another unit, and is refused naming file and field."""
+    lo, hi, unit = limits.GPU_RANGES[kind]
+    raw = r.raw(key, None if default is _NO_DEFAULT else default)
+    if (isinstance(raw, (int, float)) and not isinstance(raw, bool)
+            and math.isfinite(as_float(raw)) and not lo <= raw <= hi):
+        raise r.error(key, f"{as_float(raw):g} is implausible for a GPU: expected {lo:g} to "
+                           f"{hi:g} {unit}")
+    return (r.number(key, positive=True) if default is _NO_DEFAULT
+            else r.number(key, default, positive=True))
 
 
 def parse_gpu_catalog(data: object, source: str) -> GpuCatalog:
@@ -117,8 +136,20 @@ def parse_gpu_catalog(data: object, source: str) -> GpuCatalog:
     root.check_keys(frozenset({"gpus"}))
     gpus = root.sub("gpus")
     types: dict[str, GpuType] = {}
+    owner: dict[str, str] = {}  # lower-cased name or alias -> the type it names
     for name in gpus.data:
-        types[str(name)] = _parse_gpu(str(name), gpus.sub(str(name)))
+        if not isinstance(name, str) or not name:
+            raise gpus.error(str(name), "a GPU type's name must be a non-empty string")
+        gpu = _parse_gpu(name, gpus.sub(name))
+        for i, key in enumerate((name, *gpu.aliases)):
+            other = owner.get(key.lower())
+            if other is not None and other != name:
+                where = gpus.field(name) + ("" if i == 0 else f".aliases[{i - 1}]")
+                raise ConfigError(source, where, f"{key!r} already names GPU type {other!r} "
+                                                 "(names and aliases must be unique, "
+                                                 "case-insensitively)")
+            owner[key.lower()] = name
+        types[name] = gpu
     if not types:
         raise root.error("gpus", "lists no GPU types")
     return GpuCatalog(types)

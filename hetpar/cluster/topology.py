@@ -3,12 +3,20 @@
 A cluster file (YAML) lists hosts and the network joining them. Each physical link is
 full duplex: it becomes two directed *channels* whose loads are counted apart (a ring
 all-reduce sends one way round), and both directions take the same bandwidth draw.
-Routes between hosts are shortest paths by latency, computed once when the cluster is
-built, so estimating a plan never touches the graph.
+Routes between hosts are shortest paths by latency (``hetpar.cluster.routing``), found
+pair by pair as they are first asked for and kept, so loading a cluster of thousands of
+hosts costs time and memory linear in its size, and estimating a plan touches only the
+pairs it uses.
+
+A cluster holds at most ``hetpar.limits.MAX_HOSTS`` hosts, refused up front with one line
+before any host is built: load time and memory grow linearly in hosts (0.2 s at 10,000,
+``benchmarks/costmodel_speed.py --hosts``), and the cap keeps a mistyped count
+(``count: 2**63``) from running for hours.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +25,12 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from hetpar import limits
 from hetpar.cluster.bandwidth import BandwidthModel, parse_bandwidth_model
 from hetpar.cluster.gpu import SCALEUP_KINDS, GpuCatalog, GpuType, load_gpu_catalog
+from hetpar.cluster.routing import HOP_WEIGHT_S, Routes
 from hetpar.configio import Reader, load_document, resolve_config
+from hetpar.limits import MAX_GPUS_PER_HOST, MAX_STATE_VALUES
 from hetpar.errors import ConfigError
 
 __all__ = ["Host", "Link", "Cluster", "load_cluster", "parse_cluster"]
@@ -52,11 +63,14 @@ class Link:
 
 @dataclass(frozen=True, eq=False)
 class Cluster:
-    """Hosts and network with precomputed routes.
+    """Hosts and network with their routes.
 
-    ``routes[i][j]`` holds the directed channel indices on the path from host ``i`` to
+    ``route(i, j)`` holds the directed channel indices on the path from host ``i`` to
     host ``j`` (channel ``2*l`` is link ``l`` from ``a`` to ``b``, ``2*l+1`` the reverse);
-    ``route_latency_s[i, j]`` is that path's latency.
+    ``route_latency_between(i, j)`` is that path's latency. Both are found on first use
+    (``hetpar.cluster.routing``). ``routes[i][j]``, ``route_latency[i][j]`` and
+    ``route_latency_s[i, j]`` give every pair at once, built on first use: O(hosts^2) time
+    and memory, for callers that scan all pairs of a cluster of tens of hosts.
     """
 
     name: str
@@ -65,11 +79,49 @@ class Cluster:
     links: tuple[Link, ...]
     source: str = ""
     description: str = ""
-    routes: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), repr=False)
-    route_latency_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
-    route_latency: tuple[tuple[float, ...], ...] = field(default=(), repr=False)  # as lists
     host_index: Mapping[str, int] = field(default_factory=dict, repr=False)
     graph: nx.Graph = field(default_factory=nx.Graph, repr=False)
+    router: Routes | None = field(default=None, repr=False)
+
+    def _routes(self) -> Routes:
+        if self.router is None:  # a Cluster built by hand, without parse_cluster
+            object.__setattr__(self, "router", Routes([h.name for h in self.hosts],
+                                                      self.links, self.graph))
+        assert self.router is not None
+        return self.router
+
+    def route(self, i: int, j: int) -> tuple[int, ...]:
+        """Directed channels of the route from host ``i`` to host ``j`` (``()`` if equal)."""
+        return self._routes().route(i, j)
+
+    def route_latency_between(self, i: int, j: int) -> float:
+        """Latency (s) of the route from host ``i`` to host ``j``: its links' sum."""
+        return self._routes().latency(i, j)
+
+    def route_views(self) -> tuple[Any, Any]:
+        """(routes, latencies) indexed ``[i][j]`` as ``routes`` and ``route_latency`` are,
+        without building every pair of a large cluster (``Routes.views``)."""
+        return self._routes().views()
+
+    def route_bulk(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Routes ``src[p] -> dst[p]`` as arrays (``Routes.bulk``), or None where the
+        network's structure does not allow it (ask ``route`` pair by pair)."""
+        return self._routes().bulk(src, dst)
+
+    @property
+    def routes(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Every route, ``routes[i][j] == route(i, j)`` (all pairs: built once, O(hosts^2))."""
+        return self._routes().table()
+
+    @property
+    def route_latency(self) -> tuple[tuple[float, ...], ...]:
+        """Every route's latency as nested tuples (all pairs: built once, O(hosts^2))."""
+        return self._routes().latency_rows()
+
+    @property
+    def route_latency_s(self) -> np.ndarray:
+        """Every route's latency as a (hosts, hosts) array (all pairs: built once)."""
+        return self._routes().latency_matrix()
 
     @property
     def num_gpus(self) -> int:
@@ -103,6 +155,10 @@ class Cluster:
         ``(samples, seed)`` sees the same states."""
         if samples < 0:
             raise ConfigError("", "samples", f"must not be negative, got {samples}")
+        if samples * max(len(self.links), 1) > MAX_STATE_VALUES:
+            raise ConfigError("", "samples", f"{samples:,} bandwidth states of {len(self.links):,} "
+                                             f"links exceed the {MAX_STATE_VALUES:,} values a "
+                                             "scoring may hold (hetpar.limits.MAX_STATE_VALUES)")
         if samples == 0:
             return self.mean_link_bandwidth()
         return self.sample_link_bandwidth(np.random.default_rng(seed), samples)
@@ -158,7 +214,10 @@ def _parse_link(r: Reader, base_dir: Path) -> Link:
     capacity = r.number("capacity_gbps", positive=True)
     latency = r.number("latency_us", 1.0, nonnegative=True) * 1e-6
     model = parse_bandwidth_model(r.sub("bandwidth", {}), capacity, base_dir)
-    return Link(r.str("a"), r.str("b"), capacity, latency, model)
+    a, b = r.str("a"), r.str("b")
+    if a == b:
+        raise r.error("b", f"a link joins two different nodes, got {a!r} to itself")
+    return Link(a, b, capacity, latency, model)
 
 
 def _expand_hosts(root: Reader, catalog: GpuCatalog, base_dir: Path) -> tuple[list[Host], list[Link]]:
@@ -167,9 +226,12 @@ def _expand_hosts(root: Reader, catalog: GpuCatalog, base_dir: Path) -> tuple[li
     for r in root.sub_list("hosts"):
         r.check_keys(_HOST_KEYS)
         count = r.int("count", 1, minimum=1)
+        if len(hosts) + count > limits.MAX_HOSTS:
+            raise r.error("count", f"{len(hosts) + count:,} hosts in all exceed the limit of "
+                                   f"{limits.MAX_HOSTS:,} hosts a cluster may hold")
         base = r.str("name")
         gpu = catalog.get(r.str("gpu"), source=r.source, where=r.field("gpu"))
-        gpus = r.int("gpus", minimum=1)
+        gpus = r.int("gpus", minimum=1, maximum=MAX_GPUS_PER_HOST, why=" GPUs per host")
         intra = r.sub("intra", {})
         intra.check_keys(frozenset({"kind", "GBps", "latency_us"}))
         kind = intra.choice("kind", SCALEUP_KINDS, gpu.scaleup_kind)
@@ -216,10 +278,12 @@ def _generate_fabric(r: Reader, hosts: list[Host], uplinks: list[Link], base_dir
     # ECMP spreads a leaf's many flows evenly over the spines, so the spine layer is one
     # logical switch and each leaf's uplinks one logical link of their summed capacity.
     links = []
+    nic_sum: dict[str, float] = {}
+    for h in hosts:
+        nic_sum[h.switch] = nic_sum.get(h.switch, 0.0) + h.nic_gbps
     for leaf in leaves:
-        attached = [h for h in hosts if h.switch == leaf]
         if r.raw("uplink_gbps", "auto") == "auto":
-            cap = max(sum(h.nic_gbps for h in attached), 1.0)  # non-blocking fat tree
+            cap = max(nic_sum.get(leaf, 0.0), 1.0)  # non-blocking fat tree
         else:
             cap = spines * r.number("uplink_gbps", positive=True)
         model = parse_bandwidth_model(r.sub("bandwidth", {}), cap, base_dir)
@@ -260,8 +324,9 @@ def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = Non
         links.append(_parse_link(r, base_dir))
 
     names = [h.name for h in hosts]
+    uses = Counter(names)
     for i, h in enumerate(hosts):
-        if names.count(h.name) > 1:
+        if uses[h.name] > 1:
             raise ConfigError(source, "hosts", f"host name {h.name!r} is used more than once")
         if not h.switch:
             raise ConfigError(source, "hosts", f"host {h.name!r} names no switch (give it "
@@ -286,7 +351,7 @@ def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = Non
         if graph.has_edge(link.a, link.b):
             raise ConfigError(source, "links", f"two links join {link.a!r} and {link.b!r}")
         # A small per-hop term makes equal-latency paths prefer fewer hops.
-        graph.add_edge(link.a, link.b, index=idx, weight=link.latency_s + 1e-9)
+        graph.add_edge(link.a, link.b, index=idx, weight=link.latency_s + HOP_WEIGHT_S)
 
     component = nx.node_connected_component(graph, names[0])
     for i, h in enumerate(hosts):
@@ -294,22 +359,7 @@ def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = Non
             raise ConfigError(source, f"hosts[{i}]",
                               f"host {h.name!r} is unreachable from host {names[0]!r}")
 
-    n = len(hosts)
-    routes: list[list[tuple[int, ...]]] = [[()] * n for _ in range(n)]
-    latency = np.zeros((n, n))
     index = {name: i for i, name in enumerate(names)}
-    for i, src in enumerate(names):
-        paths = nx.single_source_dijkstra_path(graph, src, weight="weight")
-        for j, dst in enumerate(names):
-            if i == j:
-                continue
-            path = paths[dst]
-            chans = []
-            for u, v in zip(path, path[1:]):
-                e = graph.edges[u, v]["index"]
-                chans.append(2 * e if all_links[e].a == u else 2 * e + 1)
-                latency[i, j] += all_links[e].latency_s
-            routes[i][j] = tuple(chans)
     return Cluster(
         name=root.str("name", Path(source).stem),
         hosts=tuple(hosts),
@@ -317,11 +367,9 @@ def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = Non
         links=all_links,
         source=source,
         description=root.str("description", ""),
-        routes=tuple(tuple(r) for r in routes),
-        route_latency_s=latency,
-        route_latency=tuple(tuple(row) for row in latency.tolist()),
         host_index=index,
         graph=graph,
+        router=Routes(names, all_links, graph),
     )
 
 

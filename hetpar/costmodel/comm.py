@@ -10,7 +10,7 @@ unequal sizes it is the time at which work-conserving sharing empties that chann
 from __future__ import annotations
 
 
-__all__ = ["ring_allreduce_time", "colocated_transfers"]
+__all__ = ["ring_allreduce_time", "colocated_transfers", "colocated_split"]
 
 
 def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_s: float) -> float:
@@ -29,6 +29,20 @@ def colocated_transfers(src: dict[int, float], dst: dict[int, float],
     its host; what must cross hosts goes from surplus to deficit hosts in proportion. The
     result depends only on how many replicas each host holds, not on their order.
     """
+    out, surplus, deficit, total = colocated_split(src, dst)
+    for h, s in surplus:
+        for g, d in deficit:
+            out.append((h, g, s * d / total))
+    return out
+
+
+def colocated_split(src: dict[int, float], dst: dict[int, float],
+                    ) -> tuple[list[tuple[int, int, float]], list[tuple[int, float]],
+                               list[tuple[int, float]], float]:
+    """``colocated_transfers`` before its cross product: (the transfers that stay on a
+    host, the sorted (host, surplus) and (host, deficit) items, the summed surplus). Host
+    ``h`` sends ``s * d / total`` to host ``g`` for each (h, s) and (g, d), in this order;
+    a large cluster's cost model takes the product as arrays."""
     out = []
     surplus: dict[int, float] = {}
     deficit: dict[int, float] = {}
@@ -41,7 +55,4 @@ def colocated_transfers(src: dict[int, float], dst: dict[int, float],
         elif b > a:
             deficit[h] = b - a
     total = sum(surplus.values())
-    for h, s in sorted(surplus.items()):
-        for g, d in sorted(deficit.items()):
-            out.append((h, g, s * d / total))
-    return out
+    return out, sorted(surplus.items()), sorted(deficit.items()), total

@@ -73,6 +73,14 @@ _FW_FIELDS = {
     "logits_bytes_per_value": ("logits_bytes_per_value", 1.0),
 }
 _FW_FLAGS = ("p2p_copy_per_tp_rank", "tied_embedding_sync")
+# Plausible upper ends of each constant (in the file's units): a fitted value beyond is a
+# unit slip or a broken fit, and would give estimates off by orders of magnitude.
+_FW_MAX = {"layer_overhead_us": 1e6, "microbatch_overhead_us": 1e7,
+           "iteration_overhead_ms": 1e6, "net_efficiency": 1.0, "step_latency_us": 1e6,
+           "reserve_gib": 1024.0, "fragmentation": 0.9, "optimizer_bytes": 64.0,
+           "logits_bytes_per_value": 64.0}
+_SHARED_MAX = {"elementwise_traffic": 100.0, "optimizer_bytes_per_param": 256.0,
+               "weight_bytes": 16.0, "grad_bytes": 16.0}
 
 
 @dataclass(frozen=True)
@@ -149,9 +157,8 @@ def parse_constants(data: Any, source: str) -> CostConstants:
         base = FrameworkConstants()
         values: dict[str, Any] = {}
         for key, (attr, scale) in _FW_FIELDS.items():
-            bound = 1.0 if key in ("net_efficiency",) else 0.9 if key == "fragmentation" else None
             values[attr] = f.number(key, getattr(base, attr) / scale, nonnegative=True,
-                                    maximum=bound) * scale
+                                    maximum=_FW_MAX[key]) * scale
         if values["net_efficiency"] <= 0:
             raise f.error("net_efficiency", "must be positive")
         for flag in _FW_FLAGS:
@@ -163,15 +170,21 @@ def parse_constants(data: Any, source: str) -> CostConstants:
     shared.check_keys(frozenset({"elementwise_traffic", "optimizer_bytes_per_param",
                                  "intra_efficiency", "weight_bytes", "grad_bytes"}))
     intra = shared.sub("intra_efficiency")
+    from hetpar.cluster.gpu import SCALEUP_KINDS
+
+    intra.check_keys(frozenset(SCALEUP_KINDS))
     return CostConstants(
         gpu=gpus,
         frameworks=frameworks,
-        elementwise_traffic=shared.number("elementwise_traffic", nonnegative=True),
-        optimizer_bytes_per_param=shared.number("optimizer_bytes_per_param", nonnegative=True),
+        elementwise_traffic=shared.number("elementwise_traffic", nonnegative=True,
+                                          maximum=_SHARED_MAX["elementwise_traffic"]),
+        optimizer_bytes_per_param=shared.number("optimizer_bytes_per_param", nonnegative=True,
+                                                maximum=_SHARED_MAX["optimizer_bytes_per_param"]),
         intra_efficiency={str(k): intra.number(str(k), positive=True, maximum=1.0)
                           for k in intra.data},
-        weight_bytes=shared.number("weight_bytes", positive=True),
-        grad_bytes=shared.number("grad_bytes", positive=True),
+        weight_bytes=shared.number("weight_bytes", positive=True,
+                                   maximum=_SHARED_MAX["weight_bytes"]),
+        grad_bytes=shared.number("grad_bytes", positive=True, maximum=_SHARED_MAX["grad_bytes"]),
     )
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hetpar.cluster.topology import Cluster
-from hetpar.costmodel.comm import colocated_transfers, ring_allreduce_time
+from hetpar.costmodel.comm import colocated_split, colocated_transfers, ring_allreduce_time
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
 from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import in_flight, stage_bytes
@@ -35,6 +35,21 @@ __all__ = ["CostModel", "CoreTerms", "Estimate", "StageCost", "ReplicaMemory", "
 # Pipeline structures whose frames a CostModel keeps (the oldest go first): a search
 # closes one structure at a time, so recent ones are what it asks for again.
 _FRAME_CACHE = 4096
+
+# Host pairs between two stages from which their transfers are taken as arrays, where the
+# cluster's network allows (``Cluster.route_bulk``): the same figures, bit for bit (each
+# channel's bytes summed in the same order), without a Python step per pair. Between two
+# stages of hundreds of hosts each every host sends to every other (``colocated_transfers``).
+BULK_PAIRS = 4096
+BULK_BLOCK = 1 << 20
+
+
+def _shares(hosts: tuple[int, ...]) -> dict[int, float]:
+    """Each host's share of a stage's replicas (summing to 1)."""
+    out: dict[int, float] = {}
+    for h in hosts:
+        out[h] = out.get(h, 0.0) + 1.0 / len(hosts)
+    return out
 
 
 
@@ -271,14 +286,57 @@ class CostModel:
         key = (src, dst)
         out = self._transfer_cache.get(key)
         if out is None:
-            a: dict[int, float] = {}
-            b: dict[int, float] = {}
-            for h in src:
-                a[h] = a.get(h, 0.0) + 1.0 / len(src)
-            for h in dst:
-                b[h] = b.get(h, 0.0) + 1.0 / len(dst)
-            out = self._transfer_cache[key] = colocated_transfers(a, b)
+            out = self._transfer_cache[key] = colocated_transfers(_shares(src), _shares(dst))
         return out
+
+    def _bulk_loads(self, src: tuple[int, ...], dst: tuple[int, ...],
+                    volume: Callable[[np.ndarray], np.ndarray], both_ways: bool = False,
+                    ) -> tuple[list[tuple[int, int, float]], dict[int, float], float] | None:
+        """The flows of ``_transfers(src, dst)`` taken as arrays, where they cross at least
+        ``BULK_PAIRS`` host pairs and the network allows (else None): (the transfers that
+        stay on a host, bytes per channel of the crossing ones, each of ``volume(share)``
+        bytes, and with ``both_ways`` as much back, their longest route's latency). Each
+        channel's bytes are summed from 0.0 flow by flow in the loop's order and the
+        channels kept in order of first use, so the figures are the loop's, bit for bit;
+        the pairs go in blocks of about ``BULK_BLOCK`` to bound the memory."""
+        if len(set(src)) * len(set(dst)) < BULK_PAIRS:
+            return None
+        stay, surplus, deficit, total = colocated_split(_shares(src), _shares(dst))
+        if len(surplus) * len(deficit) < BULK_PAIRS:
+            return None
+        hs = np.array([h for h, _ in surplus], dtype=np.int64)
+        ss = np.array([x for _, x in surplus])
+        gs = np.array([g for g, _ in deficit], dtype=np.int64)
+        ds = np.array([x for _, x in deficit])
+        size = self.cluster.num_channels
+        acc = np.zeros(size)
+        unused = np.iinfo(np.int64).max
+        first = np.full(size, unused, dtype=np.int64)
+        seen = 0
+        longest = 0.0
+        rows = max(1, BULK_BLOCK // len(gs))
+        for r0 in range(0, len(hs), rows):
+            x = np.repeat(hs[r0:r0 + rows], len(gs))
+            y = np.tile(gs, len(x) // len(gs))
+            there = self.cluster.route_bulk(x, y)
+            if there is None:
+                return None
+            chans, lats = there
+            vols = volume((ss[r0:r0 + rows, None] * ds[None, :]).ravel() / total)
+            if both_ways:  # pair after pair: there, then back
+                back = self.cluster.route_bulk(y, x)[0]  # type: ignore[index]
+                chans = np.stack([chans, back], axis=1).reshape(-1, chans.shape[1])
+                vols = np.repeat(vols, 2)
+            flat = chans.ravel()
+            keep = flat >= 0
+            flat = flat[keep]
+            np.add.at(acc, flat, np.repeat(vols, chans.shape[1])[keep])  # in order
+            np.minimum.at(first, flat, np.arange(seen, seen + len(flat)))
+            seen += len(flat)
+            longest = max(longest, float(lats.max()))
+        used = np.flatnonzero(first != unused)
+        order = used[np.argsort(first[used], kind="stable")]
+        return stay, dict(zip(order.tolist(), acc[order].tolist())), longest
 
     def phase_time(self, loads: dict[int, float]) -> np.ndarray | float:
         """Bottleneck time (per sample) of concurrent flows given bytes per directed
@@ -319,11 +377,18 @@ class CostModel:
         hit = self._crossing_cache.get(key)
         if hit is not None:
             return hit
-        routes, lat = self.cluster.routes, self.cluster.route_latency
+        routes, lat = self.cluster.route_views()
         per_seq = self.seq_len * self.model.hidden * 2.0
         loads: dict[int, float] = {}
         local = -1.0
         hop_lat = 0.0
+        bulk = self._bulk_loads(src, dst, lambda share: share * mb * per_seq * copies)
+        if bulk is not None:
+            stay, loads, longest = bulk
+            for _, _, part in stay:
+                local = max(local, part * mb * per_seq * copies)
+            out = self._crossing_cache[key] = (loads, local, max(hop_lat, longest))
+            return out
         for a, b, share in self._transfers(src, dst):
             vol = share * mb * per_seq * copies
             if a == b:
@@ -378,8 +443,7 @@ class CostModel:
         c = self.constants
         fw = self.framework
         model = self.model
-        routes = self.cluster.routes
-        lat = self.cluster.route_latency
+        routes, lat = self.cluster.route_views()  # a large cluster's: pair by pair
         mb = self.training.global_batch // m
         p = len(host_ids)
         step = fw.step_latency_s
@@ -444,7 +508,13 @@ class CostModel:
             # Replica pairs (first, last) exchange the gradient both ways.
             emb = model.vocab * model.hidden * c.grad_bytes * min(len(host_ids[0]),
                                                                   len(host_ids[-1]))
-            for a, b, share in self._transfers(host_ids[0], host_ids[-1]):
+            bulk = self._bulk_loads(host_ids[0], host_ids[-1], lambda share: share * emb,
+                                    both_ways=True)
+            if bulk is not None:
+                dp_fixed = bulk[1]
+                dp_lat = max(dp_lat, 2.0 * (bulk[2] + step))
+            for a, b, share in (() if bulk is not None else
+                                self._transfers(host_ids[0], host_ids[-1])):
                 if a != b:
                     for x, y in ((a, b), (b, a)):
                         for ch in routes[x][y]:

@@ -100,5 +100,5 @@ def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, s
 
 def gpu_usable_bytes(gpu: GpuType, framework: FrameworkConstants) -> float:
     """Bytes of one GPU a plan may fill: its memory less fragmentation and the framework's
-    reserve."""
-    return gpu.memory_bytes * (1.0 - framework.fragmentation) - framework.reserve_bytes
+    reserve; never negative (a GPU smaller than the reserve holds nothing: no plan fits)."""
+    return max(0.0, gpu.memory_bytes * (1.0 - framework.fragmentation) - framework.reserve_bytes)

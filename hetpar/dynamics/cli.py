@@ -61,6 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/replan", metavar="DIR",
                    help="output folder: summary.json, summary.md, timeline.png "
                         "(default runs/replan)")
+    p.add_argument("--json", action="store_true",
+                   help="print summary.json's contents as one JSON object instead of the "
+                        "summary, without the measured planning seconds (planning_wall_s, "
+                        "policy_latency_s, exact_latency_s) unless --timings: the same bytes "
+                        "on every run for the static, robust and exact strategies with "
+                        "--decision-ms 0 where their searches end before --time-limit "
+                        "('policy' and 'exact-rt' charge their measured planning time to the "
+                        "run)")
+    p.add_argument("--timings", action="store_true",
+                   help="with --json, also print the measured planning seconds")
 
 
 def _positive(flag: str, value: float | None) -> None:
@@ -92,6 +102,12 @@ def run(args: argparse.Namespace, log: Any) -> int:
     from hetpar.dynamics.experiment import parse_strategies, run_scenario, write_outputs
     from hetpar.dynamics.scenario import Migration, load_scenario, scenario_from_trace
 
+    if getattr(args, "json", False):  # stdout holds the JSON alone; progress to stderr
+        import sys
+
+        def log(line: str) -> None:  # noqa: F811 - replaces the console's
+            print(line, file=sys.stderr)
+
     strategies = parse_strategies(args.strategies)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -100,6 +116,13 @@ def run(args: argparse.Namespace, log: Any) -> int:
                                          f"{args.seeds!r}") from None
     if not seeds:
         raise ConfigError("--seeds", "", "names no seed")
+    from hetpar.limits import MAX_SEED
+
+    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if bad:
+        raise ConfigError("--seeds", "", f"seeds must be 0 to {MAX_SEED}, got {bad[0]}")
+    if len(seeds) > 1000:
+        raise ConfigError("--seeds", "", f"names {len(seeds):,} seeds, more than 1,000")
     if args.iterations is not None and args.iterations < 1:
         raise ConfigError("--iterations", "", f"must be at least 1, got {args.iterations}")
     for flag, value in (("--time-limit", args.time_limit), ("--lookahead", args.lookahead),
@@ -142,6 +165,16 @@ def run(args: argparse.Namespace, log: Any) -> int:
                           decision_budget_s=(None if args.decision_ms is None else
                                              args.decision_ms / 1e3 or math.inf), log=log)
     paths = write_outputs(result, Path(args.out))
+    if getattr(args, "json", False):
+        import json
+
+        from hetpar.dynamics.experiment import MEASURED_KEYS, summary_doc
+        from hetpar.problem.solution import without_timings
+
+        doc = summary_doc(result)
+        print(json.dumps(doc if args.timings else without_timings(doc, MEASURED_KEYS),
+                         default=float))
+        return 0
     log((paths[1]).read_text())
     log("wrote " + ", ".join(str(p) for p in paths))
     return 0

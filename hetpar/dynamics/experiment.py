@@ -24,8 +24,10 @@ __all__ = [
     "parse_strategies",
     "robust_states",
     "run_scenario",
+    "summary_doc",
     "summary_rows",
     "write_outputs",
+    "MEASURED_KEYS",
 ]
 
 
@@ -236,18 +238,28 @@ def plot_timeline(run: ScenarioRun, path: Path, seed_index: int = 0) -> Path:
     return path
 
 
+#: Keys of ``summary_doc`` that hold measured wall-clock seconds (planning times): they
+#: differ from run to run, and ``hetpar replan --json`` leaves them out unless ``--timings``.
+MEASURED_KEYS = frozenset({"planning_wall_s", "policy_latency_s", "exact_latency_s"})
+
+
 def write_outputs(run: ScenarioRun, out: str | Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {"scenario": run.scenario.name, "seeds": list(run.seeds),
+    data = summary_doc(run)
+    paths = [out / "summary.json", out / "summary.md", out / "timeline.png"]
+    paths[0].write_text(json.dumps(data, indent=1, default=float))
+    paths[1].write_text(_markdown(run))
+    plot_timeline(run, paths[2])
+    return paths
+
+
+def summary_doc(run: ScenarioRun) -> dict[str, Any]:
+    """What summary.json holds (and ``hetpar replan --json`` prints)."""
+    return {"scenario": run.scenario.name, "seeds": list(run.seeds),
             "iterations": run.settings.iterations,
             "tokens_per_iteration": run.settings.tokens_per_iteration,
             "migration_s": run.settings.migration_s, "lookahead_s": run.settings.lookahead_s,
             "skipped": run.skipped, "summary": summary_rows(run),
             "policy_latency_s": run.policy_latencies, "exact_latency_s": run.exact_latencies,
             "runs": {k: [r.to_dict() for r in v] for k, v in run.results.items()}}
-    paths = [out / "summary.json", out / "summary.md", out / "timeline.png"]
-    paths[0].write_text(json.dumps(data, indent=1, default=float))
-    paths[1].write_text(_markdown(run))
-    plot_timeline(run, paths[2])
-    return paths

@@ -22,6 +22,7 @@ import numpy as np
 
 from hetpar.cluster.bandwidth import Markov, parse_bandwidth_model
 from hetpar.cluster.topology import Cluster, load_cluster, parse_cluster
+from hetpar import limits
 from hetpar.configio import Reader, bundled_dir, load_document
 from hetpar.dynamics.processes import (
     Degrade,
@@ -345,7 +346,8 @@ def _parse_event(r: Reader, cluster: Cluster) -> Event:
                                 "ramp_steps"}))
         return Degrade(_links(r, "links", cluster), at,
                        r.number("factor", positive=True, maximum=1.0), until,
-                       r.number("ramp_s", 0.0, nonnegative=True), r.int("ramp_steps", 1, minimum=1))
+                       r.number("ramp_s", 0.0, nonnegative=True),
+                       r.int("ramp_steps", 1, minimum=1, maximum=limits.MAX_TIMELINE_STEPS))
     if kind == "link_down":
         r.check_keys(frozenset({"kind", "link", "at_s", "until_s"}))
         return LinkDown(_links(r, "link", cluster)[0], at, until)
@@ -377,21 +379,36 @@ def parse_scenario(data: Any, source: str = "<dict>", base_dir: Path | None = No
         trace = load_link_trace(base_dir / r.str("trace"), cluster)
     mig = r.sub("migration", {})
     mig.check_keys(frozenset({"storage_GBps", "restart_s", "bytes_per_param"}))
+    horizon = r.number("horizon_s", 86400.0, positive=True)
+    step = r.number("step_s", 60.0, positive=True)
+    if horizon / step > limits.MAX_TIMELINE_STEPS:
+        raise r.error("step_s", f"horizon_s / step_s = {horizon / step:,.0f} steps, more than "
+                                f"the {limits.MAX_TIMELINE_STEPS:,} a timeline may have")
+    processes = tuple(_parse_process(p, cluster, base_dir) for p in r.sub_list("processes", []))
+    for i, lp in enumerate(processes):
+        if isinstance(lp.process, MarkovProcess):
+            out_rate = max(sum(row) for row in lp.process.chain.rates)
+            if out_rate * horizon > limits.MAX_MARKOV_EVENTS:
+                raise ConfigError(source, f"processes[{i}].states",
+                                  f"rates up to {out_rate:g}/s over horizon_s {horizon:g} make "
+                                  f"~{out_rate * horizon:,.0f} state changes, more than the "
+                                  f"{limits.MAX_MARKOV_EVENTS:,} a path may have")
     return Scenario(
         name=r.str("name", Path(source).stem), description=r.str("description", ""),
         source=source, cluster=cluster, model=r.str("model"),
-        training=r.str("training", None), iterations=r.int("iterations", 1000, minimum=1),
-        horizon_s=r.number("horizon_s", 86400.0, positive=True),
-        step_s=r.number("step_s", 60.0, positive=True),
-        processes=tuple(_parse_process(p, cluster, base_dir)
-                        for p in r.sub_list("processes", [])),
+        training=r.str("training", None),
+        iterations=r.int("iterations", 1000, minimum=1, maximum=limits.MAX_ITERATIONS),
+        horizon_s=horizon,
+        step_s=step,
+        processes=processes,
         events=tuple(_parse_event(e, cluster) for e in r.sub_list("events", [])),
         trace=trace,
         migration=Migration(mig.number("storage_GBps", 2.0, positive=True),
                             mig.number("restart_s", 30.0, nonnegative=True),
                             mig.number("bytes_per_param", 16.0, positive=True)),
         lookahead_s=r.number("lookahead_s", 600.0, positive=True),
-        exact_time_limit_s=r.number("exact_time_limit_s", 5.0, positive=True),
+        exact_time_limit_s=r.number("exact_time_limit_s", 5.0, positive=True,
+                                    maximum=limits.MAX_TIME_LIMIT_S),
         volatile=r.bool("volatile", True))
 
 

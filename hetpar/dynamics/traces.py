@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hetpar import limits
 from hetpar.cluster.topology import Cluster, Link
+from hetpar.configio import read_bounded_text
 from hetpar.errors import ConfigError
 
 __all__ = ["LinkTrace", "find_link", "link_name", "load_link_trace", "write_link_trace"]
@@ -65,13 +67,14 @@ class LinkTrace:
 def load_link_trace(path: str | Path, cluster: Cluster) -> LinkTrace:
     """Read and check a per-link trace against ``cluster`` (names, capacities)."""
     src = str(path)
+    text = read_bounded_text(path, limits.MAX_TRACE_BYTES, what="trace")
     try:
-        with Path(path).open(newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except OSError as exc:
-        raise ConfigError(src, "", f"cannot read trace: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(src, "", "not a text (UTF-8) CSV file") from None
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as exc:
+        raise ConfigError(src, "", f"malformed CSV: {exc}") from None
+    if len(rows) > limits.MAX_TRACE_ROWS + 1:
+        raise ConfigError(src, "", f"{len(rows) - 1:,} rows, more than the "
+                                   f"{limits.MAX_TRACE_ROWS:,} a trace may have")
     if not rows or not any(cell.strip() for cell in rows[0]):
         raise ConfigError(src, "line 1", "empty trace: expected a header 'time_s,<link>,...'")
     header = [cell.strip() for cell in rows[0]]
@@ -106,7 +109,7 @@ def load_link_trace(path: str | Path, cluster: Cluster) -> LinkTrace:
             t = float(row[0])
         except ValueError:
             raise ConfigError(src, f"line {lineno}", f"time_s: not a number: {row[0]!r}") from None
-        if not math.isfinite(t) or t < 0:
+        if not math.isfinite(t) or t < 0 or t > limits.MAX_NUMBER:
             raise ConfigError(src, f"line {lineno}", f"time_s must be finite and >= 0, got {row[0]!r}")
         if times and t < times[-1]:
             raise ConfigError(src, f"line {lineno}", f"time goes backwards ({t:g} s after "

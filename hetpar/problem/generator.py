@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from hetpar.cluster.gpu import GpuType, load_gpu_catalog
+from hetpar import limits
 from hetpar.configio import Reader, list_bundled, load_document, resolve_config
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants, load_constants
 from hetpar.costmodel.memory import gpu_usable_bytes, stage_bytes
@@ -142,7 +143,7 @@ _TOP_KEYS = frozenset({"name", "description", "seed", "max_hosts", "size", "host
 
 
 def _range(r: Reader, key: str, default: Any, *, integer: bool = False,
-           minimum: float | None = None, maximum: float | None = None) -> tuple:
+           minimum: float | None = None, maximum: float | None = limits.MAX_NUMBER) -> tuple:
     """A ``[lo, hi]`` field (a single number means ``[x, x]``)."""
     value = r.raw(key, default)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -165,17 +166,19 @@ def _range(r: Reader, key: str, default: Any, *, integer: bool = False,
 
 
 def _choices(r: Reader, key: str, default: Any, *, integer: bool = False,
-             positive: bool = True) -> tuple:
-    """A non-empty list of choices (a single value means a list of one)."""
+             positive: bool = True, maximum: float = limits.MAX_NUMBER) -> tuple:
+    """A non-empty list of choices (a single value means a list of one), each at most
+    ``maximum``."""
     value = r.raw(key, default)
     if not isinstance(value, list):
         value = [value]
     ok = bool(value) and all(
         not isinstance(v, bool) and isinstance(v, int if integer else (int, float))
-        and math.isfinite(v) and (v > 0 or not positive) for v in value)
+        and math.isfinite(v) and (v > 0 or not positive) and v <= maximum for v in value)
     if not ok:
         what = "positive integers" if integer else "positive numbers"
-        raise r.error(key, f"expected a non-empty list of {what}, got {value!r}")
+        raise r.error(key, f"expected a non-empty list of {what} of at most {maximum:g}, "
+                           f"got {value!r}"[:300])
     if len(set(value)) != len(value):
         raise r.error(key, f"lists a value twice: {value!r}")
     return tuple(int(v) for v in value) if integer else tuple(float(v) for v in value)
@@ -192,8 +195,9 @@ def _parse_gpu_types(root: Reader, precision: str) -> tuple[GpuChoice, ...]:
                                   "bf16 (use precision fp16)")
         if any(g.type == gpu.name for g in out):
             raise r.error("type", f"{gpu.name} is listed twice")
-        out.append(GpuChoice(gpu.name, _choices(r, "gpus", None, integer=True),
-                             _choices(r, "nic_gbps", None)))
+        out.append(GpuChoice(gpu.name, _choices(r, "gpus", None, integer=True,
+                                                maximum=limits.MAX_GPUS_PER_HOST),
+                             _choices(r, "nic_gbps", None, maximum=1e6)))
     if not out:
         raise root.error("gpu_types", "lists no GPU types")
     return tuple(out)
@@ -209,7 +213,8 @@ def _parse_network(r: Reader, hosts: tuple[int, int]) -> NetworkSpec:
     d = NetworkSpec()
     spec = NetworkSpec(
         shapes=tuple(dict.fromkeys(shapes)),
-        hosts_per_leaf=_choices(r, "hosts_per_leaf", list(d.hosts_per_leaf), integer=True),
+        hosts_per_leaf=_choices(r, "hosts_per_leaf", list(d.hosts_per_leaf), integer=True,
+                                maximum=limits.MAX_HOSTS),
         oversubscription=_choices(r, "oversubscription", list(d.oversubscription)),
         uplink_latency_us=_range(r, "uplink_latency_us", list(d.uplink_latency_us), minimum=0),
         fabric_latency_us=_range(r, "fabric_latency_us", list(d.fabric_latency_us), minimum=0),
@@ -244,7 +249,7 @@ def _parse_bandwidth(r: Reader) -> BandwidthSpec:
 def _parse_training(r: Reader) -> TrainingChoice:
     r.check_keys(frozenset({"global_batch", "precision", "recompute", "zero", "flash_attention",
                             "seq_len"}))
-    batches = _choices(r, "global_batch", None, integer=True)
+    batches = _choices(r, "global_batch", None, integer=True, maximum=limits.MAX_GLOBAL_BATCH)
     for b in batches:
         if b & (b - 1):
             raise r.error("global_batch", f"must be powers of two (few divisors keep the "
@@ -269,13 +274,20 @@ def _parse_training(r: Reader) -> TrainingChoice:
     )
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name longer than the file system allows, say
+        return False
+
+
 def _load_model_doc(r: Reader, index: int, entry: Any, base_dir: Path) -> dict[str, Any]:
     where = f"{r.field('models')}[{index}]"
     if not isinstance(entry, str) or not entry:
         raise ConfigError(r.source, where, f"expected a model name or file, got {entry!r}")
     local = base_dir / entry
     try:
-        path = local if local.is_file() else resolve_config(entry, "models")
+        path = local if _is_file(local) else resolve_config(entry, "models")
     except ConfigError as exc:
         raise ConfigError(r.source, where, f"{entry}: {exc.problem}") from None
     doc = load_document(path)
@@ -293,8 +305,9 @@ def parse_suite_spec(data: Any, source: str = "<dict>", base_dir: Path | None = 
     base_dir = base_dir or Path(".")
     root = Reader.of(data, source)
     root.check_keys(_TOP_KEYS)
-    max_hosts = root.int("max_hosts", minimum=1)
-    hosts = _range(root, "hosts", None, integer=True, minimum=1)
+    max_hosts = root.int("max_hosts", minimum=1, maximum=limits.MAX_HOSTS,
+                         why=" hosts (hetpar.limits.MAX_HOSTS)")
+    hosts = _range(root, "hosts", None, integer=True, minimum=1, maximum=limits.MAX_HOSTS)
     if hosts[1] > max_hosts:
         raise root.error("hosts", f"can draw up to {hosts[1]} hosts, more than max_hosts "
                                   f"({max_hosts})")
@@ -323,11 +336,11 @@ def parse_suite_spec(data: Any, source: str = "<dict>", base_dir: Path | None = 
                               f"{doc['name']} has {doc['heads']} heads: every suite model needs "
                               f"heads divisible by {need} so tensor parallelism up to {need} is "
                               f"possible")
-    size = root.int("size", None, minimum=1)
+    size = root.int("size", None, minimum=1, maximum=_UNBOUNDED)
     return SuiteSpec(
         name=root.str("name", Path(source).stem),
         description=root.str("description", ""),
-        seed=root.int("seed", minimum=0),
+        seed=root.int("seed", minimum=0, maximum=limits.MAX_SEED),
         max_hosts=max_hosts,
         hosts=hosts,
         types_per_instance=types_per,
@@ -822,7 +835,8 @@ def _read_instances(data: Any, source: str) -> tuple[str, int, list[Instance]]:
         out.append(inst)
     if not out:
         raise root.error("instances", "lists no instances")
-    max_hosts = root.int("max_hosts", max(inst.num_hosts for inst in out), minimum=1)
+    max_hosts = root.int("max_hosts", max(inst.num_hosts for inst in out), minimum=1,
+                         maximum=limits.MAX_HOSTS)
     name = root.str("suite", Path(source).stem)
     for k, inst in enumerate(out):
         if inst.num_hosts > max_hosts:

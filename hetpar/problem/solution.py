@@ -15,7 +15,21 @@ from typing import Any
 from hetpar.costmodel.estimate import Estimate
 from hetpar.plan import Plan
 
-__all__ = ["Certificate", "Solution"]
+__all__ = ["Certificate", "Solution", "TIMING_KEYS", "without_timings"]
+
+#: Keys of ``Solution.to_dict`` (and of the documents that hold one) whose values are
+#: wall-clock seconds: they differ from run to run, and ``--json`` leaves them out unless
+#: ``--timings`` (``hetpar.cli.jsonout``).
+TIMING_KEYS = frozenset({"wall_s", "timings_s"})
+
+
+def without_timings(doc: Any, keys: frozenset[str] = TIMING_KEYS) -> Any:
+    """``doc`` (JSON-ready data) without the entries of ``keys``, at any depth."""
+    if isinstance(doc, dict):
+        return {k: without_timings(v, keys) for k, v in doc.items() if k not in keys}
+    if isinstance(doc, (list, tuple)):
+        return [without_timings(v, keys) for v in doc]
+    return doc
 
 
 @dataclass(frozen=True)

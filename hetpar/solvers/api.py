@@ -109,7 +109,13 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     problem.check_fits_somewhere()
     cm, space, obj = problem.cost_model, problem.space, problem.objective
     if method == "brute":
-        from hetpar.solvers.brute import brute
+        from hetpar.limits import MAX_BRUTE_SPACE
+        from hetpar.solvers.brute import brute, count_plans
+        if count_plans(space, MAX_BRUTE_SPACE) is None:
+            raise ConfigError("", "method", f"brute: the plan space holds more than "
+                                            f"{MAX_BRUTE_SPACE:,} plans, the most brute force "
+                                            f"may enumerate (hetpar.limits.MAX_BRUTE_SPACE); "
+                                            f"use exact")
         sol = brute(cm, space, obj)
     elif method in ("megatron", "metis", "random"):
         from hetpar.solvers import baselines
@@ -230,6 +236,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     # stages are taken lazily, in order of their GPU count (``LIST_STAGES``).
     first_level = space.count_stage_choices(space.capacity)
     lazy = first_level > LIST_STAGES
+    cut: list[bool] = []  # set when a lazy first level stops at the deadline
     # A good first incumbent prunes from the first node on: the start plans', the
     # Metis-style heuristic's (which lies in the space) and the Megatron-style one's,
     # whichever is best (the answer is never worse than any of them).
@@ -279,7 +286,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
 
         if lazy:
             # Best bound first within windows of RANK_WINDOW stages, largest first.
-            stream = first_stage_tasks(space)
+            stream = first_stage_tasks(space, until=deadline, cut=cut)
             subtrees = (t for chunk in iter(lambda: list(itertools.islice(stream, RANK_WINDOW)), [])
                         for t in ranked(chunk))
         else:
@@ -293,7 +300,8 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # worker, each part the subtrees of every n-th GPU count of the next stage: a
         # worker's subtrees then share its bound tables (one task per subtree spread
         # siblings over the workers, and each rebuilt the tables the other had built).
-        firsts = first_stage_tasks(space, largest_first=False) if lazy else iter(
+        firsts = first_stage_tasks(space, largest_first=False, until=deadline,
+                                   cut=cut) if lazy else iter(
             sorted(root_tasks(problem, depth=1), key=_taken))
         head = next(firsts, None)
         subtrees = itertools.chain(
@@ -314,7 +322,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         for t in itertools.chain(seed_tasks, subtrees):
             tasks.append(t)
             yield t
-        exhausted = True
+        exhausted = not cut  # a lazy first level cut at the deadline was not exhausted
 
     if executor is None:
         if workers > 1:
@@ -461,7 +469,8 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
     finished = True
     # Lazily (as root_tasks(depth=1) orders them): a 16-host cluster has hundreds of
     # millions of first stages.
-    for task in first_stage_tasks(space):
+    cut: list[bool] = []
+    for task in first_stage_tasks(space, until=problem.deadline, cut=cut):
         if time.time() > problem.deadline:
             finished = False
             break
@@ -470,6 +479,7 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
         finished = finished and res.finished
         if res.plan is not None and res.value < best_v:
             best_v, best_p, found_by = res.value, res.plan, "search"
+    finished = finished and not cut
     wall = time.perf_counter() - start
     timings["search"] = max(0.0, wall - caller_s)
     if best_p is None and finished:

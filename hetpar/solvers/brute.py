@@ -16,7 +16,7 @@ from hetpar.costmodel.objective import Objective
 from hetpar.problem.solution import Certificate, Solution
 from hetpar.problem.space import PlanSpace, StageChoice
 
-__all__ = ["brute", "compositions", "skeletons"]
+__all__ = ["brute", "compositions", "count_plans", "skeletons"]
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -39,6 +39,22 @@ def skeletons(space: PlanSpace, max_stages: int) -> Iterator[tuple[StageChoice, 
         for stage in space.stage_choices(free):
             yield from walk(space.take(free, stage), prefix + (stage,))
     yield from walk(space.capacity, ())
+
+
+def count_plans(space: PlanSpace, cap: int) -> int | None:
+    """The number of plans ``brute`` would score, counted exactly by walking the same
+    stage sequences; None as soon as the count (or the sequences walked) passes ``cap``,
+    so refusing a large space up front costs at most ``cap`` steps."""
+    layers = space.model.layers
+    n_opts = len(space.recompute_modes) * len(space.zero_stages)
+    total = walked = 0
+    for stages in skeletons(space, layers):
+        walked += 1
+        total += (math.comb(layers - 1, len(stages) - 1) * n_opts
+                  * len(space.micro_batch_options([s.dp for s in stages])))
+        if total > cap or walked > cap:
+            return None
+    return total
 
 
 def brute(cm: CostModel, space: PlanSpace, objective: Objective) -> Solution:

@@ -709,11 +709,22 @@ class Task:
 LIST_STAGES = 100_000
 
 
-def first_stage_tasks(space: PlanSpace, largest_first: bool = True) -> Iterator[Task]:
+def first_stage_tasks(space: PlanSpace, largest_first: bool = True, *,
+                      until: float = math.inf, cut: list[bool] | None = None,
+                      ) -> Iterator[Task]:
     """One task per canonical first stage, lazily, ordered by GPU count (descending
-    with ``largest_first``, as ``root_tasks``; ascending: the largest subtrees first)."""
+    with ``largest_first``, as ``root_tasks``; ascending: the largest subtrees first).
+
+    Past ``until`` (``time.time()``) it stops, appending True to ``cut``: on a cluster of
+    hundreds of identical hosts nearly every stage is a symmetric copy, and finding the
+    next canonical one took minutes, far past any time limit."""
     sym = SymmetryCheck.start(space)
+    timed = math.isfinite(until)
     for stage in space.stage_choices_by_size(space.capacity, largest_first):
+        if timed and time.time() > until:
+            if cut is not None:
+                cut.append(True)
+            return
         if sym.extend(stage) is not None:
             yield Task((stage,))
 
@@ -1057,10 +1068,14 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
                 break
             weight *= n
             nodes += weight
-            st = space.stage_choice_at(free, int(rng.integers(n)))
+            # Beyond int64 (hundreds of hosts), a uniform float draw stands in.
+            pick = int(rng.integers(n)) if n < 2**62 else min(n - 1, int(rng.random() * n))
+            st = space.stage_choice_at(free, pick)
             prefix = prefix + (st,)
             free = space.take(free, st)
-            total += weight * leaf_weight(prefix)
+            leaves = leaf_weight(prefix)
+            if leaves:  # (inf * 0 would be NaN where the weight overflowed)
+                total += weight * leaves
         estimates.append(total)
         tree.append(nodes)
 
@@ -1083,7 +1098,9 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
             return count(space.capacity, ()), True
         except OverflowError:
             pass
-    return float(np.mean(estimates)), False
+    # Beyond float range (hundreds of hosts) the estimate says only "astronomical".
+    mean = float(np.mean(estimates))
+    return (mean if math.isfinite(mean) else 1e308), False
 
 
 def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[StageChoice, ...],

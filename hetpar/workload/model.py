@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpar.configio import Reader, load_document, resolve_config
+from hetpar.limits import MAX_LAYERS, MAX_MODEL_DIM, MAX_SEQ_LEN, MAX_VOCAB
 
 __all__ = ["ModelSpec", "load_model", "parse_model"]
 
@@ -102,8 +103,9 @@ _KEYS = frozenset({"name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden"
 def parse_model(data: Any, source: str = "<dict>") -> ModelSpec:
     r = Reader.of(data, source)
     r.check_keys(_KEYS)
-    hidden = r.int("hidden", minimum=1)
-    heads = r.int("heads", minimum=1)
+    r.str("description", ""), r.str("source", "")  # free text, but text
+    hidden = r.int("hidden", minimum=1, maximum=MAX_MODEL_DIM)
+    heads = r.int("heads", minimum=1, maximum=MAX_MODEL_DIM)
     if hidden % heads:
         raise r.error("heads", f"hidden size {hidden} is not divisible by {heads} heads")
     kv_heads = r.int("kv_heads", heads, minimum=1)
@@ -112,13 +114,13 @@ def parse_model(data: Any, source: str = "<dict>") -> ModelSpec:
     mlp = r.choice("mlp", ("gelu", "swiglu"), "gelu")
     spec = ModelSpec(
         name=r.str("name", Path(source).stem),
-        layers=r.int("layers", minimum=1),
+        layers=r.int("layers", minimum=1, maximum=MAX_LAYERS),
         hidden=hidden,
         heads=heads,
         kv_heads=kv_heads,
-        ffn_hidden=r.int("ffn_hidden", 4 * hidden, minimum=1),
-        vocab=r.int("vocab", minimum=1),
-        seq_len=r.int("seq_len", minimum=1),
+        ffn_hidden=r.int("ffn_hidden", 4 * hidden, minimum=1, maximum=4 * MAX_MODEL_DIM),
+        vocab=r.int("vocab", minimum=1, maximum=MAX_VOCAB),
+        seq_len=r.int("seq_len", minimum=1, maximum=MAX_SEQ_LEN),
         mlp=mlp,
         position=r.choice("position", ("learned", "rope"), "learned"),
         norm=r.choice("norm", ("layernorm", "rmsnorm"), "layernorm"),

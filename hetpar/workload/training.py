@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hetpar.configio import Reader, load_document, resolve_config
+from hetpar.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
 __all__ = ["TrainingSpec", "load_training", "parse_training", "RECOMPUTE_MODES"]
 
@@ -43,6 +44,7 @@ _KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision"
 def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
     r = Reader.of(data, source)
     r.check_keys(_KEYS)
+    r.str("description", "")  # free text, but text
     modes = r.raw("recompute", list(RECOMPUTE_MODES))
     modes = [modes] if isinstance(modes, str) else modes
     if not isinstance(modes, list) or not modes or any(m not in RECOMPUTE_MODES for m in modes):
@@ -53,9 +55,10 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
     if not isinstance(zero, list) or not zero or any(z not in (0, 1) or isinstance(z, bool)
                                                      for z in zero):
         raise r.error("zero", f"expected a list drawn from 0 (off) and 1 (ZeRO-1), got {zero!r}")
-    seq_len = r.int("seq_len", None, minimum=1)
+    seq_len = r.int("seq_len", None, minimum=1, maximum=MAX_SEQ_LEN)
     return TrainingSpec(
-        global_batch=r.int("global_batch", minimum=1),
+        global_batch=r.int("global_batch", minimum=1, maximum=MAX_GLOBAL_BATCH,
+                           why=" sequences (hetpar.limits.MAX_GLOBAL_BATCH)"),
         seq_len=seq_len,
         precision=r.choice("precision", ("fp16", "bf16"), "fp16"),
         recompute_modes=tuple(dict.fromkeys(modes)),

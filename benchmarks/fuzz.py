@@ -5,10 +5,14 @@
 Generates ``--n`` cases: first the defects issue 25 found (a fixed list), then random
 mutations of every bundled config kind under ``configs/`` (clusters, models, training
 specs, plans, suites, saved instance files, scenarios, bandwidth traces, the GPU catalog,
-the calibration file) and of the flags. Each case runs ``hetpar estimate``, ``solve``,
-``plan``, ``replan`` or ``suite show`` in a subprocess, in a fresh folder, with a 30 s
-timeout and a 2 GiB address-space limit (``resource.setrlimit``), and is classed:
+the calibration file, the reference files, small training configs), of the bundled policy
+file (damaged metadata, safetensors headers and zips, zip bombs, and format-1 files with a
+pickled payload in every member) and of the flags. Each case runs ``hetpar estimate``,
+``solve``, ``plan``, ``evaluate``, ``train``, ``replan``, ``policy show`` or ``suite show``
+in a subprocess, in a fresh folder, with a 30 s timeout and a 2 GiB address-space limit
+(``resource.setrlimit``), and is classed:
 
+``code-ran``        a payload in an input file ran (it creates a marker file)
 ``ok``              exit 0, and the output holds no NaN, inf or negative figure
 ``refusal``         exit 2 with exactly one line ``hetpar: error: ...`` on stderr
 ``traceback``       a Python traceback (any exit status)
@@ -27,10 +31,13 @@ same ``--seed`` generates the same inputs.
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
+import io
 import json
 import math
 import os
+import pickle
 import random
 import re
 import resource
@@ -38,6 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
+import zipfile
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 TIMEOUT_S = 30.0
 MEMORY_BYTES = 2 * 2**30
-BAD = ("traceback", "hang", "memory", "nonsense", "accepted-invalid", "unclean")
+BAD = ("code-ran", "traceback", "hang", "memory", "nonsense", "accepted-invalid", "unclean")
 
 # Keys whose values may legitimately be negative in --json output (relative differences).
 NEGATIVE_OK = re.compile(r"gap|delta|diff|change|saving|improve|vs|speedup|relative|rel_|"
@@ -104,6 +113,9 @@ def run_case(case: Case) -> Outcome:
             return Outcome(case, "hang", None, time.perf_counter() - start,
                            f"still running after {TIMEOUT_S:.0f} s")
         seconds = time.perf_counter() - start
+        if (Path(tmp) / MARKER).exists():
+            return Outcome(case, "code-ran", proc.returncode, seconds,
+                           "a payload in an input file ran")
     out = proc.stdout.decode("utf-8", "replace")
     err = proc.stderr.decode("utf-8", "replace")
     kind, detail = classify(case, proc.returncode, out, err)
@@ -464,6 +476,241 @@ def trace_case(rng: random.Random) -> Case:
     return Case(f"traces/{name}: {op}", argv, {"T.csv": content}, invalid)
 
 
+# ---- policy files, evaluate and train ------------------------------------------------------
+
+POLICY = ROOT / "hetpar" / "agents" / "data" / "default_policy.zip"
+MARKER = "PWNED"  # a payload that runs creates this file in the case's folder
+
+
+class _Payload:
+    """Unpickling this creates MARKER in the working folder: the proof that code ran."""
+
+    def __reduce__(self):  # noqa: ANN204
+        return (Path.touch, (Path(MARKER),))
+
+
+def _zip(members: dict[str, bytes], compress: int = zipfile.ZIP_DEFLATED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compress) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _policy_members() -> dict[str, bytes]:
+    with zipfile.ZipFile(POLICY) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def legacy_payload_file() -> bytes:
+    """A format-1 file (stable-baselines3's zip) with a payload in every pickled member."""
+    blob = base64.b64encode(pickle.dumps(_Payload(), protocol=4)).decode()
+    item = {":type:": "<class 'x'>", ":serialized:": blob}
+    data = {k: item for k in ("policy_class", "observation_space", "action_space",
+                              "rollout_buffer_class", "lr_schedule")}
+    meta = json.loads(_policy_members()["hetpar_meta.json"])
+    meta["format_version"] = 1
+    meta.pop("network", None)
+    raw = pickle.dumps(_Payload(), protocol=4)
+    return _zip({"data": json.dumps(data).encode(), "hetpar_meta.json": json.dumps(meta).encode(),
+                 "policy.pth": raw, "pytorch_variables.pth": raw,
+                 "policy.optimizer.pth": raw, "_stable_baselines3_version": b"2.3.0"})
+
+
+def _safetensors_parts(blob: bytes) -> tuple[dict[str, Any], bytes]:
+    n = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def _safetensors(header: Any, body: bytes) -> bytes:  # noqa: ANN401
+    text = json.dumps(header, allow_nan=True).encode()
+    return len(text).to_bytes(8, "little") + text + body
+
+
+def policy_file(rng: random.Random) -> tuple[bytes | str, bool, str]:
+    """A damaged or hostile policy file: (content, known invalid, what)."""
+    members = _policy_members()
+    meta = json.loads(members["hetpar_meta.json"])
+    op = rng.choice(["meta", "meta", "meta", "meta_text", "header", "header", "header_len",
+                     "flip", "truncate", "drop", "extra", "bomb", "legacy", "legacy",
+                     "empty", "yaml", "stored", "dup_member"])
+    if op == "meta":
+        mutated, invalid, what = meta, False, ""
+        for _ in range(rng.choice([1, 1, 2])):
+            mutated, inv, w = mutate(mutated, rng)
+            invalid = invalid or inv
+            what = f"{what}; {w}" if what else w
+        members["hetpar_meta.json"] = json.dumps(mutated, allow_nan=True).encode()
+        return _zip(members), False, f"metadata: {what}"
+    if op == "meta_text":
+        text, invalid, what = text_attack(json.dumps(meta), ".json", rng)
+        members["hetpar_meta.json"] = text.encode() if isinstance(text, str) else text
+        return _zip(members), invalid, f"metadata text: {what}"
+    if op == "header":
+        header, body = _safetensors_parts(members["policy.safetensors"])
+        mutated, _, what = mutate(header, rng)
+        members["policy.safetensors"] = _safetensors(mutated, body)
+        return _zip(members), False, f"safetensors header: {what}"
+    if op == "header_len":
+        blob = members["policy.safetensors"]
+        n = rng.choice([0, 1, 2**32, 2**63, len(blob), len(blob) * 4])
+        members["policy.safetensors"] = n.to_bytes(8, "little") + blob[8:]
+        return _zip(members), True, f"safetensors header length {n}"
+    whole = _zip(members)
+    if op == "flip":
+        data = bytearray(whole)
+        for _ in range(rng.choice([1, 4, 64])):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        return bytes(data), False, "bytes flipped"
+    if op == "truncate":
+        return whole[: rng.randrange(0, len(whole) - 1)], True, "truncated"
+    if op == "drop":
+        name = rng.choice(sorted(members))
+        del members[name]
+        return _zip(members), True, f"{name} missing"
+    if op == "extra":
+        name = rng.choice(["data", "policy.pth", "x.pkl", "optimizer.safetensors"])
+        members[name] = pickle.dumps(_Payload(), protocol=4)
+        return _zip(members), False, f"pickled payload as {name}"  # never read: fine
+    if op == "bomb":
+        name = rng.choice(["hetpar_meta.json", "policy.safetensors"])
+        members[name] = bytes(300 * 2**20)
+        return _zip(members), True, f"300 MB {name} (zip bomb)"
+    if op == "legacy":
+        return legacy_payload_file(), True, "format 1 with pickled payloads"
+    if op == "empty":
+        return b"", True, "empty file"
+    if op == "yaml":
+        return "max_hosts: 32\n", True, "not a zip"
+    if op == "stored":  # no compression: the same file, still valid
+        return _zip(members, zipfile.ZIP_STORED), False, "stored, not deflated"
+    buf = io.BytesIO()  # the same member twice (zipfile warns, keeps both)
+    with zipfile.ZipFile(buf, "w") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, data in members.items():
+            zf.writestr(name, data)
+        zf.writestr("hetpar_meta.json", b"{}")
+    return buf.getvalue(), True, "metadata member twice"
+
+
+EVALUATE = ["evaluate", "--suite", "tiny", "--n", "1", "--methods", "metis,policy-raw",
+            "--time-limit", "2", "--no-reference", "--out", "out", "--json"]
+
+
+def policy_case(rng: random.Random) -> Case:
+    content, invalid, what = policy_file(rng)
+    command = rng.choice(["plan", "plan", "show", "evaluate", "train"])
+    files: dict[str, bytes | str] = {"P.zip": content}
+    if command == "plan":
+        argv = ["plan", "--cluster", "amp-het-16", "--model", "gpt2-medium", "--policy",
+                "P.zip", "--no-improve", "--json"]
+    elif command == "show":
+        argv = ["policy", "show", "P.zip"]
+        # 'policy show' reads the metadata member alone: damage elsewhere is not its to see
+        invalid = invalid and ("hetpar_meta.json" in what or what.startswith(
+            ("metadata", "truncated", "empty", "not a zip")))
+    elif command == "evaluate":
+        argv = ["evaluate", "--suite", "tiny", "--n", "1", "--methods", "policy-raw",
+                "--policy", "P.zip", "--no-reference", "--out", "out", "--json"]
+    else:
+        doc = train_doc()
+        doc["total_timesteps"] = 64
+        doc.pop("imitation", None)
+        doc["finetune"] = {"init_policy": "P.zip"}
+        files["T.yaml"] = yaml.safe_dump(doc)
+        argv = ["train", "--config", "T.yaml", "--run-name", "r", "--runs-dir", "runs",
+                "--no-progress"]
+    return Case(f"policies/{command}: {what}", argv, files, invalid)
+
+
+def train_doc() -> dict[str, Any]:
+    """configs/train/tiny.yaml made small enough to run in seconds."""
+    doc = yaml.safe_load((CONFIGS / "train" / "tiny.yaml").read_text(encoding="utf-8"))
+    doc["total_timesteps"] = 128
+    doc["env"]["instances"] = 4
+    doc["imitation"]["epochs"] = 2
+    doc["ppo"].update(n_steps=64, batch_size=32)
+    doc["eval"].update(freq=64, n=1)
+    doc["checkpoint"]["freq"] = 64
+    return doc
+
+
+# A training run's length is its config's to choose: a mutation that asks for more work
+# (timesteps, epochs, instances, evaluations) is cut back to this size, so the case tests
+# the config's checks, not the patience of the harness. Other values pass unchanged.
+TRAIN_WORK = {("total_timesteps",): (256, None), ("env", "instances"): (8, None),
+              ("imitation", "epochs"): (3, None), ("ppo", "n_steps"): (128, None),
+              ("ppo", "n_epochs"): (2, None), ("eval", "n"): (1, None),
+              ("eval", "exact_time_limit"): (2, None), ("imitation", "exact_time_limit"): (1, None),
+              ("eval", "freq"): (None, 64), ("checkpoint", "freq"): (None, 64),
+              ("n_envs",): (2, None), ("env", "samples"): (16, None)}
+
+
+def _bounded_work(doc: Any) -> Any:  # noqa: ANN401
+    for path, (most, least) in TRAIN_WORK.items():
+        try:
+            parent = _get(doc, path[:-1])
+            value = parent[path[-1]]
+        except (KeyError, IndexError, TypeError):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value) or value <= 0:
+            continue
+        if most is not None and value > most:
+            parent[path[-1]] = most
+        if least is not None and value < least:
+            parent[path[-1]] = least
+    return doc
+
+
+def train_case(rng: random.Random) -> Case:
+    argv = ["train", "--config", "F.yaml", "--run-name", "r", "--runs-dir", "runs",
+            "--no-progress"]
+    doc = train_doc()
+    if rng.random() < 0.12:
+        content, invalid, what = text_attack(dump(with_sentinel(doc, rng), ".yaml", rng),
+                                             ".yaml", rng)
+        return Case(f"train: {what}", argv, {"F.yaml": content}, invalid)
+    if rng.random() < 0.15:  # a flag of train
+        flag, values = rng.choice([("--timesteps", ["-1", "0", str(10**30), "1e9", "x"]),
+                                   ("--seed", ["-1", str(2**64)]),
+                                   ("--n-envs", ["0", "-2", "100000"]),
+                                   ("--run-name", ["../x", "", "a/b", ".", "x" * 300]),
+                                   ("--runs-dir", ["/dev/null", "/proc/x", ""]),
+                                   ("--resume", ["nope", "r"])])
+        value = rng.choice(values)
+        return Case(f"train flag {flag} {value[:20]!r}", [*argv, flag, value],
+                    {"F.yaml": yaml.safe_dump(doc)}, None)
+    mutated, invalid, what = doc, False, ""
+    for _ in range(rng.choice([1, 1, 2])):
+        mutated, inv, w = mutate(mutated, rng)
+        invalid = invalid or inv
+        what = f"{what}; {w}" if what else w
+    invalid = invalid and still_invalid(mutated)
+    return Case(f"train: {what}", argv, {"F.yaml": dump(_bounded_work(mutated), ".yaml", rng)},
+                invalid)
+
+
+def reference_case(rng: random.Random) -> Case:
+    """A mutated reference file (configs/references/) read by 'hetpar evaluate'."""
+    name = rng.choice(["test-iid.json", "test-geo.json"])
+    doc = json.loads((CONFIGS / "references" / name).read_text(encoding="utf-8"))
+    argv = ["evaluate", "--suite", name[:-5], "--n", "1", "--methods", "metis",
+            "--reference", "F.json", "--out", "out", "--json"]
+    if rng.random() < 0.12:
+        content, invalid, what = text_attack(json.dumps(with_sentinel(doc, rng)), ".json", rng)
+        return Case(f"references/{name}: {what}", argv, {"F.json": content}, invalid)
+    mutated, invalid, what = doc, False, ""
+    for _ in range(rng.choice([1, 1, 2])):
+        mutated, inv, w = mutate(mutated, rng)
+        invalid = invalid or inv
+        what = f"{what}; {w}" if what else w
+    invalid = invalid and still_invalid(mutated)
+    return Case(f"references/{name}: {what}", argv,
+                {"F.json": json.dumps(mutated, allow_nan=True)}, invalid)
+
+
 BASE_COMMANDS: list[list[str]] = [
     ["estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium", "--plan", AMP_PLAN,
      "--json"],
@@ -475,6 +722,7 @@ BASE_COMMANDS: list[list[str]] = [
     ["suite", "show", "tiny", "--n", "2", "--json"],
     ["replan", "--scenario", "host-loss", "--strategies", "static", "--iterations", "50",
      "--out", "out"],
+    EVALUATE,
 ]
 
 FLAG_VALUES: dict[str, list[tuple[str, bool]]] = {  # flag -> (value, known invalid)
@@ -501,15 +749,25 @@ FLAG_VALUES: dict[str, list[tuple[str, bool]]] = {  # flag -> (value, known inva
     "--cluster": [("/dev/zero", True), ("/", True), ("nope", True)],
     "--model": [("/dev/zero", True), ("llama3-70b", None)],
     "--plan": [("/dev/zero", True), ("/dev/null", True), ("/", True)],
+    "--methods": [("nope", True), ("", True), (",", True), ("metis,metis", None),
+                  ("brute", None), ("exact,policy-beam", None), ("metis," * 2000, None)],
+    "--reference": [("/dev/zero", True), ("/", True), ("nope.json", True),
+                    (str(CONFIGS / "references" / "test-geo.json"), True)],
+    "--policy": [("/dev/zero", True), ("/", True), ("nope.zip", True), ("clone", None),
+                 (str(CONFIGS / "gpus.yaml"), True)],
 }
 
 
 FLAG_COMMANDS = {  # flag -> the BASE_COMMANDS (by their first words) that take it
-    "--seed": ("estimate", "solve", "plan"), "--samples": ("estimate", "solve", "plan"),
-    "--time-limit": ("solve", "plan", "replan"), "--out": ("solve", "plan", "replan"),
-    "--objective": ("estimate", "solve", "plan"), "--workers": ("solve",),
+    "--seed": ("estimate", "solve", "plan", "evaluate"),
+    "--samples": ("estimate", "solve", "plan", "evaluate"),
+    "--time-limit": ("solve", "plan", "replan", "evaluate"),
+    "--out": ("solve", "plan", "replan", "evaluate"),
+    "--objective": ("estimate", "solve", "plan", "evaluate"),
+    "--workers": ("solve", "evaluate"), "--methods": ("evaluate",),
+    "--reference": ("evaluate",), "--policy": ("plan", "evaluate"),
     "--budget": ("solve",), "--n": ("suite",), "--seed-offset": ("suite",),
-    "--beam": ("plan", "replan"), "--refine-steps": ("plan", "replan"),
+    "--beam": ("plan", "replan", "evaluate"), "--refine-steps": ("plan", "replan"),
     "--iterations": ("replan",), "--method": ("solve",),
     "--training": ("estimate", "solve", "plan", "replan"),
     "--cluster": ("estimate", "solve", "plan"), "--model": ("estimate", "solve", "plan"),
@@ -655,15 +913,14 @@ def generate(n: int, seed: int) -> list[Case]:
                           for name in ("tiny", "test-geo")]
     weights = {"clusters": 14, "models": 8, "training": 8, "plans": 12, "suites": 8,
                "instances": 4, "scenarios": 4, "gpus": 10, "calibration": 8,
-               "traces": 6, "flags": 18}
-    names = [k for k in weights if k in kinds or k in ("traces", "flags")]
+               "traces": 6, "flags": 18, "policies": 8, "train": 5, "references": 3}
+    made = {"traces": trace_case, "flags": flag_case, "policies": policy_case,
+            "train": train_case, "references": reference_case}
+    names = [k for k in weights if k in kinds or k in made]
     while len(cases) < n:
         kind = rng.choices(names, [weights[k] for k in names])[0]
-        if kind == "traces":
-            cases.append(trace_case(rng))
-            continue
-        if kind == "flags":
-            cases.append(flag_case(rng))
+        if kind in made:
+            cases.append(made[kind](rng))
             continue
         name, doc = rng.choice(kinds[kind])
         suffix = Path(name).suffix

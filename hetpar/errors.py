@@ -38,3 +38,8 @@ class PlanError(ConfigError):
 
 class InfeasibleError(HetparError):
     """No plan can run (for example the model fits on no GPU of the cluster)."""
+
+
+class TrainingDiverged(HetparError):
+    """A training run's network became NaN or infinite (a learning rate or coefficient
+    too large for the data); what was saved before stays."""

@@ -17,6 +17,9 @@ __all__ = [
     "MAX_TRACE_ROWS", "MAX_TIMELINE_STEPS", "MAX_MARKOV_RATE", "MAX_MARKOV_EVENTS", "MAX_ITERATIONS",
     "MAX_INSTANCES", "MAX_BUDGET", "MAX_WORKERS", "MAX_LAYERS", "MAX_MODEL_DIM",
     "MAX_SEQ_LEN", "MAX_VOCAB", "MAX_STEPS", "MAX_BEAM", "GPU_RANGES",
+    "MAX_TRAIN_ENVS", "MAX_POLICY_HOSTS", "MAX_ROLLOUT_BYTES", "MAX_TIMESTEPS", "MAX_EPOCHS",
+    "MAX_BATCH", "MAX_TRAIN_INSTANCES", "MAX_NETWORK_DIM", "MAX_HEADS", "MAX_ROUNDS",
+    "MAX_THREADS",
 ]
 
 # ---- documents (YAML / JSON) -------------------------------------------------------------
@@ -149,3 +152,34 @@ MAX_ITERATIONS = 10**12
 #: Suite instances one command may generate, show or evaluate (``--n``): generating one
 #: takes about 2 ms, so ``suite show --n`` ends within about 20 s.
 MAX_INSTANCES = 10_000
+
+# ---- training (configs/train/*.yaml, 'hetpar train') -----------------------------------------
+
+#: Environment processes of one run (``n_envs``, ``--n-envs``): each is a process.
+MAX_TRAIN_ENVS = 256
+
+#: Hosts a policy plans for (``env.max_hosts``): the observation holds a max_hosts^2
+#: bandwidth tensor per step.
+MAX_POLICY_HOSTS = 4096
+
+#: Bytes of one PPO rollout buffer: n_steps x n_envs transitions, each an observation
+#: and an action mask (float32). Beyond this a run fails at its first update.
+MAX_ROLLOUT_BYTES = 16 * 2**30
+
+#: PPO timesteps of one run (``total_timesteps``, ``--timesteps``).
+MAX_TIMESTEPS = 10**12
+
+#: Passes over the data (``ppo.n_epochs``, ``imitation.epochs``), minibatch sizes and
+#: instance pools of one run.
+MAX_EPOCHS = 100_000
+MAX_BATCH = 10_000_000
+MAX_TRAIN_INSTANCES = 1_000_000
+
+#: Widths of the policy network (``policy_kwargs``): dim, edge_dim, value_dim; heads and
+#: message-passing rounds.
+MAX_NETWORK_DIM = 8192
+MAX_HEADS = 256
+MAX_ROUNDS = 64
+
+#: Torch threads (``torch_threads``, ``update_threads``).
+MAX_THREADS = 1024

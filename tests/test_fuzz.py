@@ -18,6 +18,7 @@ import copy
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -511,3 +512,129 @@ def test_paths_the_file_system_refuses_are_one_line(capsys, tmp_path):
     code, _, err = run(capsys, "replan", "--scenario", "host-loss", "--strategies", "static",
                        "--iterations", "10", "--out", "/proc/nope/x")
     assert_one_line_error(code, err, "--out", "cannot create it")
+
+
+# ---- training configs, reference files and policy files ------------------------------------
+
+def _tiny_train(tmp_path: Path, **changes: object) -> str:
+    """configs/train/tiny.yaml cut to seconds, with ``changes`` ('a.b': value) applied."""
+    doc = yaml.safe_load((CONFIGS / "train" / "tiny.yaml").read_text())
+    doc.update(total_timesteps=64)
+    doc["env"]["instances"] = 2
+    doc["imitation"]["epochs"] = 1
+    doc["ppo"].update(n_steps=32, batch_size=32, n_epochs=1)
+    doc["eval"]["n"] = 0
+    for key, value in changes.items():
+        *parents, last = key.split(".")
+        target = doc
+        for p in parents:
+            target = target[p]
+        target[last] = value
+    return _write(tmp_path, "t.yaml", yaml.safe_dump(doc))
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("ppo.n_steps", 918273645546372819, "ppo.n_steps"),       # a numpy 'array is too big'
+    ("ppo.n_steps", 10_000_000, "GiB"),                        # the rollout would not fit
+    ("ppo.gae_lambda", 1e12, "ppo.gae_lambda"),                # NaN advantages
+    ("ppo.gamma", 1.5, "ppo.gamma"),
+    ("n_envs", 100_000, "n_envs"),                             # 100,000 processes
+    ("policy_kwargs.dim", 2**40, "policy_kwargs.dim"),
+    ("env.max_hosts", 10**6, "env.max_hosts"),
+    ("total_timesteps", 10**30, "total_timesteps"),
+])
+def test_training_configs_beyond_their_limits_are_refused(capsys, tmp_path, key, value, needle):
+    code, _, err = run(capsys, "train", "--config", _tiny_train(tmp_path, **{key: value}),
+                       "--runs-dir", tmp_path / "runs", "--run-name", "r", "--no-progress")
+    assert_one_line_error(code, err, "t.yaml", needle)
+
+
+@pytest.mark.slow
+def test_a_diverging_run_ends_in_one_line_and_saves_no_nan_policy(capsys, tmp_path):
+    from hetpar.agents.io import load_policy
+
+    cfg = _tiny_train(tmp_path, **{"imitation.learning_rate": 1e-3, "ppo.learning_rate": 1e6})
+    code, _, err = run(capsys, "train", "--config", cfg, "--runs-dir", tmp_path / "runs",
+                       "--run-name", "r", "--no-progress")
+    assert_one_line_error(code, err, "t.yaml", "training diverged", "ppo.learning_rate")
+    run_dir = tmp_path / "runs" / "r"
+    assert not (run_dir / "final_policy.zip").exists()
+    for saved in run_dir.rglob("*.zip"):  # whatever was saved before is a finite network
+        policy = load_policy(saved).model.policy
+        assert all(bool(p.isfinite().all()) for p in policy.parameters()), saved
+
+
+def test_a_reference_file_with_a_damaged_plan_is_refused(capsys, tmp_path):
+    doc = json.loads((CONFIGS / "references" / "test-geo.json").read_text())
+    last = next(e for e in reversed(doc["instances"]) if e.get("plan"))
+    last["plan"]["stages"][0]["replicas"][0]["bogus"] = 1
+    code, _, err = run(capsys, "evaluate", "--suite", "test-geo", "--n", "1", "--methods",
+                       "metis", "--reference", _write(tmp_path, "r.json", json.dumps(doc)),
+                       "--out", tmp_path / "ev", "--json")
+    assert_one_line_error(code, err, "r.json", "plan.stages[0].replicas[0].bogus")
+    assert not (tmp_path / "ev").exists()
+
+
+# ---- the command-line harness (benchmarks/fuzz.py), a short real run ---------------------------
+
+def _harness():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("hetpar_fuzz_harness", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_command_line_harness_finds_nothing_bad(tmp_path):
+    """Generated cases of every kind through 'hetpar' in subprocesses (30 s, 2 GiB each):
+    4 a kind here (about a minute on 2 cores), 40 with HETPAR_FUZZ_LONG=1."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    fuzz = _harness()
+    per_kind = 40 if LONG else 4
+    rng = random.Random(25)
+    cases = [make(rng) for make in (fuzz.policy_case, fuzz.train_case, fuzz.reference_case,
+                                    fuzz.flag_case, fuzz.trace_case) for _ in range(per_kind)]
+    cases += [c for c in fuzz.generate(60 + 10 * per_kind, seed=25)[-10 * per_kind:]]
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(fuzz.run_case, cases))
+    bad = [f"{o.kind}: {o.case.label}: {o.detail[:200]}" for o in outcomes if o.kind in fuzz.BAD]
+    assert not bad, "\n".join(bad)
+    kinds = {o.kind for o in outcomes}
+    assert "refusal" in kinds and "ok" in kinds  # the generator makes both
+
+
+def test_a_pickled_payload_in_a_policy_file_never_runs(capsys, tmp_path, monkeypatch):
+    """Through the command line: a format-1 file with a payload in every pickled member,
+    read by plan, evaluate, policy show and train's init_policy."""
+    fuzz = _harness()
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "p.zip"
+    p.write_bytes(fuzz.legacy_payload_file())
+    for argv in (["plan", "--cluster", "amp-het-16", "--model", "gpt2-medium", "--policy", p,
+                  "--no-improve"],
+                 ["evaluate", "--suite", "tiny", "--n", "1", "--methods", "policy-raw",
+                  "--policy", p, "--no-reference", "--out", tmp_path / "ev"]):
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err, "p.zip", "--trust-pickle")
+    code, out, _ = run(capsys, "policy", "show", p)
+    assert code == 0 and "format 1" in out and "--trust-pickle" in out
+    cfg = _tiny_train(tmp_path, **{"finetune": {"init_policy": str(p)}})
+    code, _, err = run(capsys, "train", "--config", cfg, "--runs-dir", tmp_path / "runs",
+                       "--run-name", "r", "--no-progress")
+    assert_one_line_error(code, err, "p.zip", "--trust-pickle")
+    assert not (tmp_path / fuzz.MARKER).exists()
+
+
+def test_a_reference_file_with_an_unknown_key_in_an_exact_record_is_refused(capsys, tmp_path):
+    doc = json.loads((CONFIGS / "references" / "test-geo.json").read_text())
+    doc["instances"][-1]["exact"]["bogus"] = 1
+    code, _, err = run(capsys, "evaluate", "--suite", "test-geo", "--n", "1", "--methods",
+                       "metis", "--reference", _write(tmp_path, "r.json", json.dumps(doc)),
+                       "--out", tmp_path / "ev")
+    assert_one_line_error(code, err, "r.json", "exact.bogus", "unknown field")

@@ -75,6 +75,10 @@ _SEED_METHODS = ("metis", "megatron", "random", "local-search", "policy", "polic
                  "policy-greedy", "policy-raw")
 
 
+_EXACT_KEYS = frozenset({"value_s", "lower_bound_s", "optimal", "found_by", "stopped",
+                         "wall_s", "error"})
+
+
 def _digest(data: Any) -> str:
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=list)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -168,6 +172,12 @@ class Entry:
         plan = r.raw("plan", None)
         if plan is not None and not isinstance(plan, dict):
             raise r.error("plan", f"expected a plan mapping or null, got {plan!r}")
+        if plan is not None:  # its structure now, so a damaged entry fails the load
+            try:
+                Plan.from_dict(plan, r.source)
+            except ConfigError as exc:
+                raise r.error("plan" + (f".{exc.field}" if exc.field else ""),
+                              exc.problem) from None
         value = r.number("value_s", None, positive=True)
         if (plan is None) != (value is None):
             raise r.error("value_s", "a plan and its value go together (both or neither)")
@@ -180,6 +190,14 @@ class Entry:
         exact = r.raw("exact", {})
         if not isinstance(exact, dict):
             raise r.error("exact", f"expected a mapping, got {exact!r}")
+        ex = r.sub("exact", {})  # the exact search's own record of this instance
+        ex.check_keys(_EXACT_KEYS)
+        for key in ("value_s", "lower_bound_s", "wall_s"):
+            ex.number(key, None, nonnegative=True)
+        ex.bool("optimal", False)
+        for key in ("found_by", "stopped", "error"):
+            if not isinstance(exact.get(key), (str, type(None))):
+                raise ex.error(key, f"expected text or null, got {exact[key]!r}")
         return cls(index=r.int("index", minimum=0), name=r.str("name"),
                    instance_digest=r.str("instance_digest"), hosts=r.int("hosts", 0),
                    gpus=r.int("gpus", 0), model=r.str("model", ""), plan=plan,

@@ -43,6 +43,7 @@ A run folder ``runs/<run-name>/`` holds ``config.yaml`` (resolved), ``tb/`` (Ten
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -50,7 +51,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -58,8 +59,9 @@ from typing import Any
 
 import yaml
 
+from hetpar import limits as lim
 from hetpar.configio import Reader, bundled_dir, load_document
-from hetpar.errors import ConfigError
+from hetpar.errors import ConfigError, TrainingDiverged
 from hetpar.problem import POLICY_SAMPLES
 
 __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "TrainResult",
@@ -156,14 +158,15 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
     env_r = r.sub("env", {})
     env_r.check_keys(_ENV_KEYS)
     env: dict[str, Any] = {
-        "max_hosts": env_r.int("max_hosts", 32, minimum=1),
+        "max_hosts": env_r.int("max_hosts", 32, minimum=1, maximum=lim.MAX_POLICY_HOSTS),
         "objective": env_r.str("objective", "mean"),
         "bandwidth": env_r.choice("bandwidth", ("sampled", "robust"), "robust"),
-        "samples": env_r.int("samples", POLICY_SAMPLES, minimum=1),
-        "instances": env_r.int("instances", None, minimum=1),
-        "max_layers": env_r.int("max_layers", 128, minimum=1),
-        "max_micro": env_r.int("max_micro", 16, minimum=1),
-        "max_tp": env_r.int("max_tp", 16, minimum=1),
+        "samples": env_r.int("samples", POLICY_SAMPLES, minimum=1, maximum=lim.MAX_SAMPLES),
+        "instances": env_r.int("instances", None, minimum=1,
+                               maximum=lim.MAX_TRAIN_INSTANCES),
+        "max_layers": env_r.int("max_layers", 128, minimum=1, maximum=lim.MAX_LAYERS),
+        "max_micro": env_r.int("max_micro", 16, minimum=1, maximum=1024),
+        "max_tp": env_r.int("max_tp", 16, minimum=1, maximum=1024),
     }
     from hetpar.costmodel.objective import Objective
     try:
@@ -179,42 +182,71 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
     defaults = {"n_steps": 512, "batch_size": 256, "n_epochs": 4, "gamma": 1.0,
                 "gae_lambda": 0.95, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5}
     for key in _PPO_INT:
-        ppo[key] = ppo_r.int(key, defaults[key], minimum=1)
-    for key in _PPO_FLOAT:
-        ppo[key] = ppo_r.number(key, defaults[key], nonnegative=True)
+        ppo[key] = ppo_r.int(key, defaults[key], minimum=1,
+                             maximum=lim.MAX_EPOCHS if key == "n_epochs" else lim.MAX_BATCH)
+    for key in _PPO_FLOAT:  # gamma and lambda are discounts: a value above 1 grows without end
+        ppo[key] = ppo_r.number(key, defaults[key], nonnegative=True,
+                                maximum=1.0 if key in ("gamma", "gae_lambda") else None)
     ppo["clip_range"] = ppo_r.number("clip_range", 0.2, positive=True)
     ppo["target_kl"] = ppo_r.number("target_kl", None, positive=True)
     pol_r = r.sub("policy_kwargs", {})
     pol_r.check_keys(_POLICY_KEYS)
-    pol = {"dim": pol_r.int("dim", 64, minimum=4), "heads": pol_r.int("heads", 4, minimum=1),
-           "rounds": pol_r.int("rounds", 2, minimum=0),
-           "edge_dim": pol_r.int("edge_dim", 32, minimum=1),
-           "value_dim": pol_r.int("value_dim", 64, minimum=1)}
+    pol = {"dim": pol_r.int("dim", 64, minimum=4, maximum=lim.MAX_NETWORK_DIM),
+           "heads": pol_r.int("heads", 4, minimum=1, maximum=lim.MAX_HEADS),
+           "rounds": pol_r.int("rounds", 2, minimum=0, maximum=lim.MAX_ROUNDS),
+           "edge_dim": pol_r.int("edge_dim", 32, minimum=1, maximum=lim.MAX_NETWORK_DIM),
+           "value_dim": pol_r.int("value_dim", 64, minimum=1, maximum=lim.MAX_NETWORK_DIM)}
     if pol["dim"] % pol["heads"] or pol["dim"] % 2:
         raise pol_r.error("dim", f"must be even and divisible by heads={pol['heads']}, "
                                  f"got {pol['dim']}")
     ev_r = r.sub("eval", {})
     ev_r.check_keys(_EVAL_KEYS)
     ev = {"suite": ev_r.str("suite", suite), "start": ev_r.int("start", 1_000_000, minimum=0),
-          "n": ev_r.int("n", 8, minimum=0), "freq": ev_r.int("freq", 20_000, minimum=0),
-          "exact_time_limit": ev_r.number("exact_time_limit", 10.0, positive=True),
-          "samples": ev_r.int("samples", env["samples"], minimum=1)}
+          "n": ev_r.int("n", 8, minimum=0, maximum=lim.MAX_INSTANCES),
+          "freq": ev_r.int("freq", 20_000, minimum=0),
+          "exact_time_limit": ev_r.number("exact_time_limit", 10.0, positive=True,
+                                          maximum=lim.MAX_TIME_LIMIT_S),
+          "samples": ev_r.int("samples", env["samples"], minimum=1, maximum=lim.MAX_SAMPLES)}
     ck_r = r.sub("checkpoint", {})
     ck_r.check_keys(_CKPT_KEYS)
-    ck = {"freq": ck_r.int("freq", 50_000, minimum=0), "keep": ck_r.int("keep", 3, minimum=1)}
+    ck = {"freq": ck_r.int("freq", 50_000, minimum=0),
+          "keep": ck_r.int("keep", 3, minimum=1, maximum=lim.MAX_EPOCHS)}
     imitation = _parse_imitation(r)
     finetune = _parse_finetune(r)
+    _check_rollout_size(r, env["max_hosts"], env, ppo, r.raw("n_envs", 1))
     cfg = TrainConfig(suite=suite, seed=r.int("seed", 0, minimum=0),
                       # With imitation, 0 timesteps of PPO leaves the cloned policy.
                       total_timesteps=r.int("total_timesteps",
-                                            minimum=0 if imitation is not None else 1),
-                      n_envs=r.int("n_envs", 1, minimum=1),
-                      torch_threads=r.int("torch_threads", 1, minimum=1),
-                      update_threads=r.int("update_threads", 0, minimum=0), env=env, ppo=ppo,
+                                            minimum=0 if imitation is not None else 1,
+                                            maximum=lim.MAX_TIMESTEPS),
+                      n_envs=r.int("n_envs", 1, minimum=1, maximum=lim.MAX_TRAIN_ENVS),
+                      torch_threads=r.int("torch_threads", 1, minimum=1,
+                                          maximum=lim.MAX_THREADS),
+                      update_threads=r.int("update_threads", 0, minimum=0,
+                                           maximum=lim.MAX_THREADS), env=env, ppo=ppo,
                       policy_kwargs=pol, eval=ev, checkpoint=ck, imitation=imitation,
                       finetune=finetune, name=name, source=source,
                       description=str(r.raw("description", "")).strip())
     return cfg
+
+
+def _check_rollout_size(r: Reader, max_hosts: int, env: dict[str, Any], ppo: dict[str, Any],
+                        n_envs: Any) -> None:  # noqa: ANN401
+    """Refuse a PPO rollout buffer beyond limits.MAX_ROLLOUT_BYTES up front: otherwise
+    the run fails (or swaps) at its first update, after the environments are built."""
+    from hetpar.envs.types import GLOBAL_FEATURES, HOST_FEATURES, PAIR_FEATURES
+
+    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1:
+        return  # n_envs' own check names the problem
+    obs = (max_hosts * (len(HOST_FEATURES) + 1) + max_hosts**2 * len(PAIR_FEATURES)
+           + len(GLOBAL_FEATURES))
+    mask = 6 + env["max_micro"] + env["max_tp"].bit_length() + max_hosts + env["max_layers"]
+    size = ppo["n_steps"] * n_envs * 4 * (obs + mask)
+    if size > lim.MAX_ROLLOUT_BYTES:
+        raise r.sub("ppo", {}).error(
+            "n_steps", f"a rollout of n_steps={ppo['n_steps']:,} x n_envs={n_envs} "
+                       f"transitions of {max_hosts} hosts holds {size / 2**30:,.1f} GiB, over "
+                       f"the {lim.MAX_ROLLOUT_BYTES / 2**30:g} GiB limit")
 
 
 def _parse_finetune(r: Reader) -> dict[str, Any]:
@@ -227,9 +259,9 @@ def _parse_finetune(r: Reader) -> dict[str, Any]:
         raise ft.error("init_policy", f"expected a policy file or 'shipped', got {init!r}")
     return {"init_policy": init,
             "reward": ft.choice("reward", REWARDS, "mfu"),
-            "repeat": ft.int("repeat", 1, minimum=1),
+            "repeat": ft.int("repeat", 1, minimum=1, maximum=lim.MAX_BATCH),
             "anchor_coef": ft.number("anchor_coef", 0.0, nonnegative=True),
-            "value_warmup": ft.int("value_warmup", 0, minimum=0)}
+            "value_warmup": ft.int("value_warmup", 0, minimum=0, maximum=lim.MAX_TIMESTEPS)}
 
 
 def _parse_imitation(r: Reader) -> dict[str, Any] | None:
@@ -253,11 +285,12 @@ def _parse_imitation(r: Reader) -> dict[str, Any] | None:
     if cache is not None and not isinstance(cache, str):
         raise im.error("cache", f"expected a file path, got {cache!r}")
     return {"experts": [str(e) for e in experts],
-            "exact_time_limit": im.number("exact_time_limit", 1.0, positive=True),
-            "instances": im.int("instances", None, minimum=1),
-            "workers": im.int("workers", 1, minimum=1),
-            "epochs": im.int("epochs", 20, minimum=1),
-            "batch_size": im.int("batch_size", 256, minimum=1),
+            "exact_time_limit": im.number("exact_time_limit", 1.0, positive=True,
+                                          maximum=lim.MAX_TIME_LIMIT_S),
+            "instances": im.int("instances", None, minimum=1, maximum=lim.MAX_TRAIN_INSTANCES),
+            "workers": im.int("workers", 1, minimum=1, maximum=lim.MAX_WORKERS),
+            "epochs": im.int("epochs", 20, minimum=1, maximum=lim.MAX_EPOCHS),
+            "batch_size": im.int("batch_size", 256, minimum=1, maximum=lim.MAX_BATCH),
             "learning_rate": im.number("learning_rate", 1e-3, positive=True),
             "vf_coef": im.number("vf_coef", 0.5, nonnegative=True),
             "holdout": holdout, "cache": cache}
@@ -570,6 +603,7 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
                                                 "samples": ev["samples"]})
 
     def save(model: Any, path: Path, extra: Mapping[str, Any] | None = None) -> Path:
+        _require_finite(model, cfg, ckpt_dir)  # a NaN network is never saved as a policy
         return save_policy(model, path, policy_meta(cfg, name, model.num_timesteps, extra))
 
     model = make_model(cfg, vec_env, tensorboard_log=str(run_dir / "tb"), start=start_policy)
@@ -583,7 +617,8 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
     imitation_stats: dict[str, Any] | None = None
     if cfg.imitation is not None and not resume_from:
         try:
-            imitation_stats = _pretrain(model, cfg, run_dir, runs, say)
+            with _divergence_named(model, cfg, ckpt_dir, "imitation"):
+                imitation_stats = _pretrain(model, cfg, run_dir, runs, say)
         except KeyboardInterrupt:
             vec_env.close()
             say("interrupted during imitation pre-training; the expert plans computed so far "
@@ -647,7 +682,7 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
     interrupted = False
     final: Path | None = None
     try:
-        with stop_on_sigterm():
+        with stop_on_sigterm(), _divergence_named(model, cfg, ckpt_dir, "ppo"):
             if remaining > 0:
                 model.learn(remaining, callback=CallbackList(callbacks), tb_log_name="ppo",
                             reset_num_timesteps=not resume, progress_bar=False)
@@ -680,6 +715,43 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
     return TrainResult(run_dir, final, best_path if best_path.exists() else None,
                        int(model.num_timesteps), wall, interrupted,
                        eval_cb.last if eval_cb else None, messages)
+
+
+def _non_finite(model: Any) -> bool:
+    import torch
+
+    return any(not bool(torch.isfinite(p).all()) for p in model.policy.parameters())
+
+
+def _diverged_error(model: Any, cfg: TrainConfig, ckpt_dir: Path,
+                    phase: str) -> TrainingDiverged:
+    lr = cfg.ppo["learning_rate"] if phase == "ppo" else (cfg.imitation or {}).get(
+        "learning_rate")
+    kept = (f"; checkpoints saved before it are kept in {ckpt_dir}"
+            if ckpt_dir.is_dir() and any(ckpt_dir.iterdir()) else "")
+    return TrainingDiverged(
+        f"{cfg.source}: training diverged at timestep {int(model.num_timesteps):,}: the "
+        f"network's weights or outputs became NaN or infinite during {phase} (lower "
+        f"{phase}.learning_rate, now {lr}, or the {phase} coefficients){kept}")
+
+
+@contextlib.contextmanager
+def _divergence_named(model: Any, cfg: TrainConfig, ckpt_dir: Path,
+                      phase: str) -> Iterator[None]:
+    """A run whose network turned NaN ends with one line saying so, not with torch's
+    'invalid values' traceback from deep inside a distribution."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as exc:
+        if _non_finite(model) or re.search(r"\bnan\b|\binf\b|invalid values", str(exc),
+                                           re.IGNORECASE):
+            raise _diverged_error(model, cfg, ckpt_dir, phase) from None
+        raise
+
+
+def _require_finite(model: Any, cfg: TrainConfig, ckpt_dir: Path) -> None:
+    if _non_finite(model):
+        raise _diverged_error(model, cfg, ckpt_dir, "ppo")
 
 
 def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,

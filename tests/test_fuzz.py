@@ -638,3 +638,71 @@ def test_a_reference_file_with_an_unknown_key_in_an_exact_record_is_refused(caps
                        "metis", "--reference", _write(tmp_path, "r.json", json.dumps(doc)),
                        "--out", tmp_path / "ev")
     assert_one_line_error(code, err, "r.json", "exact.bogus", "unknown field")
+
+
+# ---- defects the 10,000-case run found (seed 2026) ---------------------------------------------
+
+def test_bounded_compositions_of_thousands_of_distinct_hosts():
+    """A cluster of 2,000 hosts that differ (their uplinks) has 2,000 symmetry classes: the
+    recursive enumeration went past Python's recursion limit."""
+    import itertools
+
+    from hetpar.problem.space import _bounded_compositions
+
+    first = next(_bounded_compositions([1] * 5000, 2500))
+    assert first == (0,) * 2500 + (1,) * 2500
+    for room, total in (([2, 0, 3], 3), ([1, 1, 1, 1], 2), ([], 0), ([3], 4), ([2, 2], -1)):
+        want = [c for c in itertools.product(*(range(r + 1) for r in room)) if sum(c) == total]
+        assert list(_bounded_compositions(room, total)) == want
+
+
+def _policy_zip(tmp_path: Path, change) -> str:  # noqa: ANN001
+    import zipfile
+
+    src = Path(__file__).resolve().parents[1] / "hetpar" / "agents" / "data" / "default_policy.zip"
+    with zipfile.ZipFile(src) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    members = change(members)
+    out = tmp_path / "p.zip"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return str(out)
+
+
+def test_a_policy_file_with_a_corrupt_deflate_stream_is_refused(capsys, tmp_path):
+    path = Path(_policy_zip(tmp_path, lambda m: m))
+    data = bytearray(path.read_bytes())
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("policy.safetensors")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    for k in range(start + 50, start + 5000, 97):  # scramble the compressed weights
+        data[k] ^= 0x5A
+    path.write_bytes(bytes(data))
+    code, _, err = run(capsys, "plan", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                       "--policy", path, "--no-improve")
+    assert_one_line_error(code, err, "p.zip", "policy.safetensors")
+
+
+@pytest.mark.parametrize("value", ["-Infinity", "NaN", "3", "[1]"])
+def test_policy_metadata_of_the_wrong_type_or_not_json_numbers_is_refused(capsys, tmp_path,
+                                                                           value):
+    def change(members):
+        meta = members["hetpar_meta.json"].decode()
+        meta = meta.replace('"network": {', f'"network": {value}, "x_network": {{', 1)
+        return {**members, "hetpar_meta.json": meta.encode()}
+
+    path = _policy_zip(tmp_path, change)
+    for argv in (["policy", "show", path], ["policy", "show", path, "--json"]):
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err, "p.zip", "metadata")
+
+
+def test_more_torch_threads_than_cores_are_capped_with_a_line(capsys, tmp_path):
+    cfg = _tiny_train(tmp_path, torch_threads=1000, **{"imitation.epochs": 1})
+    code, out, err = run(capsys, "train", "--config", cfg, "--runs-dir", tmp_path / "runs",
+                         "--run-name", "r", "--no-progress")
+    assert code == 0, err
+    assert f"torch_threads 1000 is more than this machine's {os.cpu_count()} cores" in out + err

@@ -44,6 +44,7 @@ import json
 import os
 import sys
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,7 +308,11 @@ def _read_member(zf: zipfile.ZipFile, src: str, name: str, limit: int) -> bytes:
     if info.file_size > limit:
         raise ConfigError(src, name, f"{info.file_size} bytes, more than a policy file holds "
                                      f"({limit}); refusing to inflate it")
-    data = zf.read(name)
+    try:
+        data = zf.read(name)
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, RuntimeError, ValueError,
+            NotImplementedError) as exc:
+        raise ConfigError(src, name, f"corrupt member ({_one_line(exc)})") from None
     if len(data) > limit:
         raise ConfigError(src, name, "larger than its zip entry says; corrupt policy file")
     return data
@@ -332,14 +337,23 @@ def read_meta(path: str | Path) -> dict[str, Any]:
             if META_MEMBER not in set(zf.namelist()):
                 raise ConfigError(src, "", f"not a hetpar policy file (no {META_MEMBER} in the "
                                            "zip; was it saved with hetpar's save_policy?)")
-            meta = json.loads(_read_member(zf, src, META_MEMBER, MAX_META_BYTES).decode("utf-8"))
+            meta = json.loads(_read_member(zf, src, META_MEMBER, MAX_META_BYTES).decode("utf-8"),
+                              parse_constant=_no_constant)
     except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError) as exc:
         raise ConfigError(src, "", f"corrupt or not a policy file ({_one_line(exc)})") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         raise ConfigError(src, META_MEMBER, f"corrupt metadata ({_one_line(exc)})") from None
     if not isinstance(meta, dict) or "max_hosts" not in meta:
         raise ConfigError(src, META_MEMBER, "corrupt metadata (no max_hosts)")
+    for key in ("env_kwargs", "network", "eval", "observation_signature", "imitation"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            raise ConfigError(src, f"{META_MEMBER}: {key}",
+                              f"corrupt metadata (expected a mapping, got {_short(meta[key])})")
     return meta
+
+
+def _no_constant(name: str) -> Any:  # noqa: ANN401
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def _check_meta(src: str, meta: dict[str, Any]) -> None:

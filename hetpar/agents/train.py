@@ -422,7 +422,8 @@ def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
     from hetpar.agents.anchored import AnchoredMaskablePPO
 
     ft = cfg.finetune
-    threads = cfg.update_threads or os.cpu_count() or 1
+    cores = os.cpu_count() or 1
+    threads = min(cfg.update_threads or cores, cores)
     return AnchoredMaskablePPO, {"anchor_coef": ft["anchor_coef"],
                                  "value_warmup": ft["value_warmup"],
                                  "update_threads": threads}
@@ -561,7 +562,11 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.as_dict(), sort_keys=False))
 
-    torch.set_num_threads(cfg.torch_threads)
+    cores = os.cpu_count() or 1
+    if cfg.torch_threads > cores:  # more threads than cores never helps, and may not start
+        say(f"torch_threads {cfg.torch_threads} is more than this machine's {cores} cores: "
+            f"using {cores}")
+    torch.set_num_threads(min(cfg.torch_threads, cores))
     env_kwargs = _env_kwargs(cfg)
     reward_refs = None
     if cfg.finetune["reward"] == "log_metis":

@@ -67,6 +67,7 @@ class PlanSpace:
     hosts_of_type: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False)
     tp_options: dict[str, tuple[int, ...]] = field(default_factory=dict, init=False)
     classes: tuple[tuple[int, ...], ...] = field(default=(), init=False)
+    _capacity: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         hosts = self.cluster.hosts
@@ -87,11 +88,14 @@ class PlanSpace:
         object.__setattr__(self, "hosts_of_type", {k: tuple(v) for k, v in by_type.items()})
         object.__setattr__(self, "tp_options", tps)
         object.__setattr__(self, "classes", _symmetry_classes(self.cluster))
+        # Read in every search loop: built once (a tuple over thousands of hosts per read
+        # made the dive quadratic in hosts).
+        object.__setattr__(self, "_capacity", tuple(h.num_gpus for h in hosts))
 
     # ---- stages ------------------------------------------------------------------------
     @property
     def capacity(self) -> tuple[int, ...]:
-        return tuple(h.num_gpus for h in self.cluster.hosts)
+        return self._capacity
 
     def eligible_hosts(self, gpu_type: str, tp: int) -> tuple[int, ...]:
         return tuple(i for i in self.hosts_of_type[gpu_type]
@@ -242,24 +246,36 @@ class PlanSpace:
 
 def _bounded_compositions(room: Sequence[int], total: int) -> Iterator[tuple[int, ...]]:
     """Vectors ``c`` with ``0 <= c[j] <= room[j]`` summing to ``total``, in increasing
-    lexicographic order (the order ``itertools.product`` gives vectors of one sum)."""
-    after = [0] * (len(room) + 1)  # after[j]: the most hosts j.. can take together
-    for j in range(len(room) - 1, -1, -1):
+    lexicographic order (the order ``itertools.product`` gives vectors of one sum).
+
+    An odometer, not a recursion: a cluster of thousands of distinct hosts has thousands
+    of entries, deeper than Python's recursion limit."""
+    n = len(room)
+    after = [0] * (n + 1)  # after[j]: the most hosts j.. can take together
+    for j in range(n - 1, -1, -1):
         after[j] = after[j + 1] + room[j]
     if not 0 <= total <= after[0]:
         return
-    counts = [0] * len(room)
+    counts = [0] * n
+    left = [0] * (n + 1)  # left[j]: what entries j.. must still take
+    left[0] = total
 
-    def fill(j: int, left: int) -> Iterator[tuple[int, ...]]:
-        if j == len(room):
-            yield tuple(counts)
+    def lowest_from(j: int) -> None:  # entries j.. at their smallest given left[j]
+        for k in range(j, n):
+            counts[k] = max(0, left[k] - after[k + 1])
+            left[k + 1] = left[k] - counts[k]
+
+    lowest_from(0)
+    while True:
+        yield tuple(counts)
+        j = n - 1
+        while j >= 0 and counts[j] >= min(room[j], left[j]):
+            j -= 1
+        if j < 0:
             return
-        for c in range(max(0, left - after[j + 1]), min(room[j], left) + 1):
-            counts[j] = c
-            yield from fill(j + 1, left - c)
-        counts[j] = 0
-
-    yield from fill(0, total)
+        counts[j] += 1
+        left[j + 1] = left[j] - counts[j]
+        lowest_from(j + 1)
 
 
 def _symmetry_classes(cluster: Cluster) -> tuple[tuple[int, ...], ...]:

@@ -1052,10 +1052,13 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
     layers = space.model.layers
     n_opts = len(space.recompute_modes) * len(space.zero_stages)
 
+    def as_float(n: int) -> float:  # counts of thousands of hosts pass 1e308
+        return float(n) if n.bit_length() < 1000 else math.inf
+
     def leaf_weight(stages: tuple[StageChoice, ...]) -> float:
         p = len(stages)
-        return (math.comb(layers - 1, p - 1) * n_opts
-                * len(space.micro_batch_options([s.dp for s in stages])))
+        return as_float(math.comb(layers - 1, p - 1) * n_opts
+                        * len(space.micro_batch_options([s.dp for s in stages])))
 
     rng = np.random.default_rng(seed)
     estimates = []
@@ -1066,10 +1069,11 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
             n = space.count_stage_choices(free)
             if not n:
                 break
-            weight *= n
+            weight *= as_float(n)
             nodes += weight
-            # Beyond int64 (hundreds of hosts), a uniform float draw stands in.
-            pick = int(rng.integers(n)) if n < 2**62 else min(n - 1, int(rng.random() * n))
+            # Beyond int64 (hundreds of hosts), 62 random bits scaled to n stand in (a
+            # float would overflow past 1e308, thousands of distinct hosts).
+            pick = int(rng.integers(n)) if n < 2**62 else (int(rng.integers(2**62)) * n) >> 62
             st = space.stage_choice_at(free, pick)
             prefix = prefix + (st,)
             free = space.take(free, st)

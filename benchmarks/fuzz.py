@@ -307,6 +307,18 @@ def still_invalid(doc: Any) -> bool:  # noqa: ANN401
     return False
 
 
+def mutate_some(doc: Any, rng: random.Random, rounds: list[int]) -> tuple[Any, bool, str]:  # noqa: ANN401
+    """``mutate`` applied a number of times drawn from ``rounds``: (document, still known
+    invalid, what was done)."""
+    mutated, invalid, what = doc, False, ""
+    for _ in range(rng.choice(rounds)):
+        mutated, inv, w = mutate(mutated, rng)
+        invalid = invalid or inv
+        what = f"{what}; {w}" if what else w
+    # A later mutation may have removed what made the document invalid.
+    return mutated, invalid and still_invalid(mutated), what
+
+
 def dump(doc: Any, suffix: str, rng: random.Random) -> str:  # noqa: ANN401
     if suffix == ".json":
         return json.dumps(doc, allow_nan=True)
@@ -535,11 +547,7 @@ def policy_file(rng: random.Random) -> tuple[bytes | str, bool, str]:
                      "flip", "truncate", "drop", "extra", "bomb", "legacy", "legacy",
                      "empty", "yaml", "stored", "dup_member"])
     if op == "meta":
-        mutated, invalid, what = meta, False, ""
-        for _ in range(rng.choice([1, 1, 2])):
-            mutated, inv, w = mutate(mutated, rng)
-            invalid = invalid or inv
-            what = f"{what}; {w}" if what else w
+        mutated, _, what = mutate_some(meta, rng, [1, 1, 2])
         members["hetpar_meta.json"] = json.dumps(mutated, allow_nan=True).encode()
         return _zip(members), False, f"metadata: {what}"
     if op == "meta_text":
@@ -682,12 +690,7 @@ def train_case(rng: random.Random) -> Case:
         value = rng.choice(values)
         return Case(f"train flag {flag} {value[:20]!r}", [*argv, flag, value],
                     {"F.yaml": yaml.safe_dump(doc)}, None)
-    mutated, invalid, what = doc, False, ""
-    for _ in range(rng.choice([1, 1, 2])):
-        mutated, inv, w = mutate(mutated, rng)
-        invalid = invalid or inv
-        what = f"{what}; {w}" if what else w
-    invalid = invalid and still_invalid(mutated)
+    mutated, invalid, what = mutate_some(doc, rng, [1, 1, 2])
     return Case(f"train: {what}", argv, {"F.yaml": dump(_bounded_work(mutated), ".yaml", rng)},
                 invalid)
 
@@ -701,12 +704,7 @@ def reference_case(rng: random.Random) -> Case:
     if rng.random() < 0.12:
         content, invalid, what = text_attack(json.dumps(with_sentinel(doc, rng)), ".json", rng)
         return Case(f"references/{name}: {what}", argv, {"F.json": content}, invalid)
-    mutated, invalid, what = doc, False, ""
-    for _ in range(rng.choice([1, 1, 2])):
-        mutated, inv, w = mutate(mutated, rng)
-        invalid = invalid or inv
-        what = f"{what}; {w}" if what else w
-    invalid = invalid and still_invalid(mutated)
+    mutated, invalid, what = mutate_some(doc, rng, [1, 1, 2])
     return Case(f"references/{name}: {what}", argv,
                 {"F.json": json.dumps(mutated, allow_nan=True)}, invalid)
 
@@ -928,13 +926,7 @@ def generate(n: int, seed: int) -> list[Case]:
             content, invalid, what = text_attack(dump(with_sentinel(doc, rng), suffix, rng),
                                                  suffix, rng)
         else:
-            mutated, invalid, what = doc, False, ""
-            for _ in range(rng.choice([1, 1, 1, 2, 3])):
-                mutated, inv, w = mutate(mutated, rng)
-                invalid = invalid or inv
-                what = f"{what}; {w}" if what else w
-            # A later mutation may have removed what made the document invalid.
-            invalid = invalid and still_invalid(mutated)
+            mutated, invalid, what = mutate_some(doc, rng, [1, 1, 1, 2, 3])
             content = dump(mutated, suffix, rng)
         cases.append(case_for_kind(kind, name, content, rng, invalid, what))
     return cases

@@ -257,12 +257,17 @@ def test_binary_or_device_traces_are_refused(capsys, tmp_path, content):
     assert_one_line_error(code, err, "c.yaml", "links[0].bandwidth.file")
 
 
-def test_trace_with_a_nan_time_is_refused(capsys, tmp_path):
-    trace = _write(tmp_path, "t.csv", "time_s,wan\n0,8\nnan,7\n")
+def _solve_with_trace(capsys, tmp_path: Path, text: str) -> tuple[int, str, str]:
+    """'hetpar solve' on trace-demo with its WAN link's trace replaced by ``text``."""
+    trace = _write(tmp_path, "t.csv", text)
     doc = (CONFIGS / "clusters" / "trace-demo.yaml").read_text().replace(
         "../traces/wan-demo.csv", trace)
-    code, _, err = run(capsys, "solve", "--cluster", _write(tmp_path, "c.yaml", doc),
-                       "--model", "gpt3-1.3b", "--method", "metis")
+    return run(capsys, "solve", "--cluster", _write(tmp_path, "c.yaml", doc),
+               "--model", "gpt3-1.3b", "--method", "metis")
+
+
+def test_trace_with_a_nan_time_is_refused(capsys, tmp_path):
+    code, _, err = _solve_with_trace(capsys, tmp_path, "time_s,wan\n0,8\nnan,7\n")
     assert_one_line_error(code, err, "t.csv", "line 3", "time_s must be finite")
     trace = _write(tmp_path, "u.csv", "time_s,us--eu\n0,80\nnan,25\n")
     code, _, err = run(capsys, "replan", "--trace", trace, "--cluster", "geo-degrading",
@@ -473,11 +478,7 @@ def test_implausible_calibration_constants_are_refused(capsys, tmp_path):
 
 
 def test_trace_row_with_an_extra_field_is_refused(capsys, tmp_path):
-    trace = _write(tmp_path, "t.csv", "time_s,wan\n0,8\n10,7,3\n")
-    doc = (CONFIGS / "clusters" / "trace-demo.yaml").read_text().replace(
-        "../traces/wan-demo.csv", trace)
-    code, _, err = run(capsys, "solve", "--cluster", _write(tmp_path, "c.yaml", doc),
-                       "--model", "gpt3-1.3b", "--method", "metis")
+    code, _, err = _solve_with_trace(capsys, tmp_path, "time_s,wan\n0,8\n10,7,3\n")
     assert_one_line_error(code, err, "t.csv", "line 3", "3 fields, the header has 2")
 
 

@@ -707,3 +707,9 @@ def test_more_torch_threads_than_cores_are_capped_with_a_line(capsys, tmp_path):
                          "--run-name", "r", "--no-progress")
     assert code == 0, err
     assert f"torch_threads 1000 is more than this machine's {os.cpu_count()} cores" in out + err
+
+
+@pytest.mark.parametrize("value", ["p101", "cvar" + "9" * 60, "median"])
+def test_a_bad_objective_is_refused_naming_the_flag(capsys, value):
+    code, _, err = run(capsys, *EST, "--objective", value)
+    assert_one_line_error(code, err, "hetpar: error: --objective: ")

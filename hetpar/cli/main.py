@@ -1150,6 +1150,14 @@ def _check_flags(args: argparse.Namespace) -> None:
     runs_dir = getattr(args, "runs_dir", None)
     if isinstance(runs_dir, str):
         _check_out_dir(runs_dir, "--runs-dir")
+    objective = getattr(args, "objective", None)
+    if isinstance(objective, str):  # named as the flag the user typed
+        from hetpar.costmodel.objective import Objective
+
+        try:
+            Objective.parse(objective)
+        except ConfigError as exc:
+            raise ConfigError("--objective", "", exc.problem) from None
 
 
 def _check_out_file(out: str, flag: str = "--out") -> None:

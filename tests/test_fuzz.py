@@ -443,10 +443,10 @@ def test_bf16_on_a_cluster_with_v100s_is_refused(capsys):
 
 
 def test_json_output_is_strict(capsys):
-    from hetpar.cli.main import _finite
+    from hetpar.problem.solution import strict_json
 
-    assert _finite({"a": [math.nan, 1.0, math.inf], "b": {"c": -math.inf}}) == \
-        {"a": [None, 1.0, None], "b": {"c": None}}
+    assert json.loads(strict_json({"a": [math.nan, 1.0, math.inf], "b": {"c": -math.inf}})) \
+        == {"a": [None, 1.0, None], "b": {"c": None}}
     code, out, err = run(capsys, "solve", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                          "--method", "metis", "--samples", "4", "--json")
     assert code == 0, err

@@ -1071,22 +1071,11 @@ def _add_replan_parser(sub: argparse._SubParsersAction) -> None:
         args, lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True)))
 
 
-def _finite(doc: Any) -> Any:  # noqa: ANN401 - JSON-ready data
-    """``doc`` with every NaN or infinite float replaced by null: ``--json`` prints strict
-    JSON (``NaN`` and ``Infinity`` are not JSON), null standing for "none" (no bound
-    proven, no plan found)."""
-    if isinstance(doc, float):
-        return doc if math.isfinite(doc) else None
-    if isinstance(doc, dict):
-        return {k: _finite(v) for k, v in doc.items()}
-    if isinstance(doc, (list, tuple)):
-        return [_finite(v) for v in doc]
-    return doc
-
-
 def _print_json(doc: Any) -> None:  # noqa: ANN401 - JSON-ready data
-    """Print one strict JSON object (``_finite``) on stdout."""
-    print(json.dumps(_finite(doc), allow_nan=False))
+    """Print one strict JSON object on stdout (``solution.strict_json``)."""
+    from hetpar.problem.solution import strict_json
+
+    print(strict_json(doc))
 
 
 # Integer flags with stated limits (hetpar.limits): flag attribute -> (least, most, why).

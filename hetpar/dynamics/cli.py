@@ -166,14 +166,11 @@ def run(args: argparse.Namespace, log: Any) -> int:
                                              args.decision_ms / 1e3 or math.inf), log=log)
     paths = write_outputs(result, Path(args.out))
     if getattr(args, "json", False):
-        import json
-
         from hetpar.dynamics.experiment import MEASURED_KEYS, summary_doc
-        from hetpar.problem.solution import without_timings
+        from hetpar.problem.solution import strict_json, without_timings
 
         doc = summary_doc(result)
-        print(json.dumps(doc if args.timings else without_timings(doc, MEASURED_KEYS),
-                         default=float))
+        print(strict_json(doc if args.timings else without_timings(doc, MEASURED_KEYS)))
         return 0
     log((paths[1]).read_text())
     log("wrote " + ", ".join(str(p) for p in paths))

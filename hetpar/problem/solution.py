@@ -8,6 +8,7 @@ print and save the same fields.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,23 @@ __all__ = ["Certificate", "Solution", "TIMING_KEYS", "without_timings"]
 #: wall-clock seconds: they differ from run to run, and ``--json`` leaves them out unless
 #: ``--timings`` (``hetpar.cli.jsonout``).
 TIMING_KEYS = frozenset({"wall_s", "timings_s"})
+
+
+def strict_json(doc: Any) -> str:  # noqa: ANN401 - JSON-ready data
+    """``doc`` as strict JSON text, every NaN or infinite float as null (``NaN`` and
+    ``Infinity`` are not JSON; null stands for "none": no bound proven, no plan found).
+    What every ``--json`` prints."""
+    return json.dumps(_finite(doc), allow_nan=False, default=float)
+
+
+def _finite(doc: Any) -> Any:  # noqa: ANN401
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def without_timings(doc: Any, keys: frozenset[str] = TIMING_KEYS) -> Any:

@@ -137,6 +137,33 @@ def test_bulk_routes_match_pair_by_pair(doc):
     assert parse_cluster(mesh()).route_bulk(src[:3] % 10, dst[:3] % 10) is None  # 2-link hosts
 
 
+@pytest.mark.parametrize("doc", [leaf_spine(40, per_leaf=3), mesh(stubs_only=True), mesh()],
+                         ids=["tree", "mesh-stubs", "mesh"])
+def test_per_host_route_summaries_match_every_pair(doc):
+    """``end_hops`` and ``routes_around`` (what the exact search's bounds ask of a large
+    cluster, without all pairs) agree with the routes pair by pair, bit for bit."""
+    cluster = parse_cluster(doc)
+    n = len(cluster.hosts)
+    routes, lat = cluster.routes, cluster.route_latency
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        inside = {i} | set(rng.choice(n, size=int(rng.integers(0, 4)), replace=False).tolist())
+        outside = [x for x in range(n) if x not in inside]
+        first, last = cluster.end_hops(i, sorted(inside))
+        assert first == {routes[i][x][0] for x in outside}
+        assert last == {routes[x][i][-1] for x in outside}
+        out_ch, out_lat, in_ch, in_lat = cluster.routes_around(i, sorted(inside))
+        assert [tuple(int(c) for c in row if c >= 0) for row in out_ch] == \
+            [routes[i][x] for x in outside]
+        assert [tuple(int(c) for c in row if c >= 0) for row in in_ch] == \
+            [routes[x][i] for x in outside]
+        assert out_lat.tolist() == [lat[i][x] for x in outside]
+        assert in_lat.tolist() == [lat[x][i] for x in outside]
+    everyone = list(range(n))
+    assert cluster.end_hops(0, everyone) == (set(), set())
+    assert len(cluster.routes_around(0, everyone)[1]) == 0
+
+
 def block_plan(cluster: hetpar.Cluster, stages: int, layers: int, micro: int) -> Plan:
     """One tp-8 replica per host, each stage on its own block of hosts."""
     per = len(cluster.hosts) // stages

@@ -17,7 +17,7 @@ before any host is built: load time and memory grow linearly in hosts (0.2 s at 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,17 @@ class Cluster:
         """Routes ``src[p] -> dst[p]`` as arrays (``Routes.bulk``), or None where the
         network's structure does not allow it (ask ``route`` pair by pair)."""
         return self._routes().bulk(src, dst)
+
+    def end_hops(self, i: int, inside: Sequence[int]) -> tuple[set[int], set[int]]:
+        """(first channels out of host ``i``, last channels into it) over the routes
+        between ``i`` and the hosts not in ``inside`` (``Routes.end_hops``)."""
+        return self._routes().end_hops(i, inside)
+
+    def routes_around(self, i: int, inside: Sequence[int],
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The routes between host ``i`` and the hosts not in ``inside``, both ways, as
+        padded arrays (``Routes.around``)."""
+        return self._routes().around(i, inside)
 
     @property
     def routes(self) -> tuple[tuple[tuple[int, ...], ...], ...]:

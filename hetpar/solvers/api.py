@@ -421,7 +421,11 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     else:
         lb = value
     timings["search"] = max(0.0, time.perf_counter() - start - caller_s)
-    size, exact_size = estimate_space_size(space, probes=64)
+    # Each probe lists stage counts over every host: fewer probes on thousands of hosts
+    # (4 at 2,000), and a stopped search's answer, already due, waits a second at most.
+    probes = max(4, min(64, 8192 // max(1, len(space.capacity))))
+    size_until = time.perf_counter() + 1.0 if stopped else math.inf
+    size, exact_size = estimate_space_size(space, probes=probes, until=size_until)
     cert = Certificate(optimal=not stopped and math.isfinite(value), lower_bound=lb,
                        nodes=counters.nodes, leaves=counters.leaves,
                        pruned_bound=counters.pruned_bound, pruned_memory=counters.pruned_memory,

@@ -273,7 +273,7 @@ class Bounds:
         n = len(stage.hosts)
         if n > 1:
             ring = 2.0 * (n - 1) / n * grad * stage.tp
-            routes = self.cm.cluster.routes
+            routes = self.cm.cluster.route_views()[0]
             hosts = list(stage.hosts)
             worst = 0.0
             for x, y in zip(hosts, hosts[1:] + hosts[:1]):
@@ -444,15 +444,13 @@ class Bounds:
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
-        routes = self.cm.cluster.routes
+        out_ch, _, in_ch, _ = self.cm.cluster.routes_around(host, (host,))
         best = math.inf
-        for other in range(len(self.cm.cluster.hosts)):
-            if other == host:
-                continue
-            for a, b in ((host, other), (other, host)):
-                chans = routes[a][b]
-                if chans:
-                    best = min(best, max(float(self.inv_bw[ch]) for ch in chans))
+        if len(out_ch):
+            # -1 pads the routes' channel rows: it picks the appended 0, below every time.
+            inv = np.append(self.inv_bw, 0.0)
+            best = min(float(inv[out_ch].max(axis=1).min()),
+                       float(inv[in_ch].max(axis=1).min()))
         if not math.isfinite(best):
             best = 0.0
         volume = self.batch / m * self.cm.seq_len * self.cm.model.hidden * 2.0
@@ -470,11 +468,11 @@ class Bounds:
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
-        inside = set(hosts)
-        lat = self.cm.cluster.route_latency
-        best = min((min(lat[a][b], lat[b][a]) for a in hosts
-                    for b in range(len(self.cm.cluster.hosts)) if b not in inside),
-                   default=math.inf)
+        best = math.inf
+        for a in hosts:
+            _, out_lat, _, in_lat = self.cm.cluster.routes_around(a, hosts)
+            if len(out_lat):
+                best = min(best, float(out_lat.min()), float(in_lat.min()))
         out = best + self.cm.framework.step_latency_s if math.isfinite(best) else 0.0
         self._profiles[key] = out
         return out
@@ -491,18 +489,12 @@ class Bounds:
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
-        inside = set(hosts)
-        routes = self.cm.cluster.routes
         into: set[int] = set()
         out_of: set[int] = set()
         for h in hosts:
-            for x in range(len(self.cm.cluster.hosts)):
-                if x in inside:
-                    continue
-                if routes[x][h]:
-                    into.add(routes[x][h][-1])
-                if routes[h][x]:
-                    out_of.add(routes[h][x][0])
+            first, last = self.cm.cluster.end_hops(h, hosts)
+            out_of |= first
+            into |= last
         best = math.inf
         for chans in (into, out_of):
             if chans:
@@ -678,10 +670,10 @@ class Bounds:
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
-        routes = self.cm.cluster.routes
-        n_all = len(self.cm.cluster.hosts)
-        chans = sorted({routes[h][x][0] for h in hosts for x in range(n_all)
-                        if x != h and routes[h][x]})
+        first: set[int] = set()
+        for h in hosts:
+            first |= self.cm.cluster.end_hops(h, (h,))[0]
+        chans = sorted(first)
         out = 0.0
         if len(hosts) >= 2 and chans:
             rate = (1.0 / self.cm.inv_bw[:, chans]).sum(axis=1)  # bytes/s per sample
@@ -994,11 +986,9 @@ class Bounds:
         hit = self._profiles.get(key)
         if hit is not None:
             return hit
-        routes = self.cm.cluster.routes
-        n_hosts = len(self.cm.cluster.hosts)
         rate = np.zeros(self.cm.num_samples)
         for h in stage.hosts:
-            first = {routes[h][x][0] for x in range(n_hosts) if x != h and routes[h][x]}
+            first = self.cm.cluster.end_hops(h, (h,))[0]
             if not first:
                 continue
             # Data leaving h crosses one of its first hops; their rates add up at best.

@@ -811,7 +811,12 @@ def dive_structures(space: PlanSpace) -> list[tuple[StageChoice, ...]]:
                             stages += [StageChoice(t, tp, (h,), (1,))] * blocks
                         elif blocks:
                             stages.append(StageChoice(t, tp, (h,), (blocks,)))
-                candidates.append(stages)
+                        if len(stages) > layers:
+                            break  # more stages than layers: never a plan (thousands of hosts)
+                    if len(stages) > layers:
+                        break
+                if len(stages) <= layers:
+                    candidates.append(stages)
         # One stage per type, data parallel over all of its hosts, each type at its own
         # TP degree (every combination): the Metis-style plans' shape. On mixed-32 the
         # optimum is one (H100 at TP 1, then A100 at TP 2), which no uniform degree gives.
@@ -1046,9 +1051,12 @@ class InlineExecutor:
 
 
 def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
-                        ) -> tuple[float, bool]:
+                        until: float = math.inf) -> tuple[float, bool]:
     """Plans in the space (without symmetry reduction): counted when small, else Knuth's
-    random-probe estimate of the stage tree times each pipeline's splits and options."""
+    random-probe estimate of the stage tree times each pipeline's splits and options.
+    Past ``until`` (``time.perf_counter``) it stops probing (one probe at least) and does
+    not count: on thousands of distinct hosts each probe takes a good part of a second,
+    and a search stopped by its time limit must still answer within its grace."""
     layers = space.model.layers
     n_opts = len(space.recompute_modes) * len(space.zero_stages)
 
@@ -1064,6 +1072,8 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
     estimates = []
     tree = []  # the same probes' estimates of the stage tree's nodes
     for _ in range(probes):
+        if estimates and time.perf_counter() > until:
+            break
         free, prefix, weight, total, nodes = space.capacity, (), 1.0, 0.0, 1.0
         while len(prefix) < layers:
             n = space.count_stage_choices(free)
@@ -1097,7 +1107,7 @@ def estimate_space_size(space: PlanSpace, probes: int = 400, seed: int = 0,
                 total += count(space.take(free, st), prefix + (st,))
         return total
 
-    if not tree or float(np.mean(tree)) <= 10 * budget[0]:
+    if (not tree or float(np.mean(tree)) <= 10 * budget[0]) and time.perf_counter() <= until:
         try:
             return count(space.capacity, ()), True
         except OverflowError:
@@ -1117,7 +1127,11 @@ def prefix_lower_bound(bounds: Bounds, searcher_combos: Callable, prefix: tuple[
     combos = searcher_combos(s.dp for s in prefix)
 
     def alive(target: float) -> bool:
-        return any(bounds.prefix_alive(prefix, free, m, rc, target)[0] for m, rc in combos)
+        # Past ``until`` between pairs: "may beat it" (True), which only keeps the bound
+        # where it was (hundreds of pairs take seconds on thousands of hosts).
+        return any(time.perf_counter() > until or bounds.prefix_alive(prefix, free, m, rc,
+                                                                      target)[0]
+                   for m, rc in combos)
 
     if not math.isfinite(upper):
         upper = 1.0
@@ -1158,6 +1172,8 @@ def root_lower_bound(bounds: Bounds, searcher_combos: Callable, upper: float, st
     combos = searcher_combos(())
 
     def alive(target: float) -> bool:
-        return any(bounds.root_alive(m, rc, target) for m, rc in combos)
+        # Past ``until`` between pairs: True, as in ``prefix_lower_bound``.
+        return any(time.perf_counter() > until or bounds.root_alive(m, rc, target)
+                   for m, rc in combos)
 
     return _bisect_bound(alive, upper, steps, until, lower)

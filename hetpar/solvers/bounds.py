@@ -1499,15 +1499,20 @@ class Bounds:
             return hit
         best = math.inf
         seq = self.batch / m
+        per_micro = int(self.batch // m)
         for gpu_type, free in pool_types:
             for tp, blocks in self._type_blocks(gpu_type, free):
-                for dp in range(1, sum(blocks) + 1):
-                    if (self.batch // m) % dp:
+                # Hosts of one perf give one value: each distinct perf once (2,000 hosts of
+                # one type made this loop most of a root bound's time).
+                perfs: dict[int, GpuPerf] = {}
+                for h in self.space.eligible_hosts(gpu_type, tp):
+                    hp = self.cm.host_perf(h)
+                    if hp is not None:
+                        perfs.setdefault(id(hp), hp)
+                for dp in range(1, min(sum(blocks), per_micro) + 1):
+                    if per_micro % dp:
                         continue
-                    for h in self.space.eligible_hosts(gpu_type, tp):
-                        perf = self.cm.host_perf(h)
-                        if perf is None:
-                            continue
+                    for perf in perfs.values():
                         work = self.cm.stage_work(perf, seq / dp, tp, 1, False, True, rc).total
                         layer = self.cm.stage_work(perf, seq / dp, tp, 2, False, True, rc).total
                         # work(1) - (work(2) - work(1)): the stage's part that no layer pays

@@ -81,9 +81,10 @@ def main() -> int:
     worst_all, over_all, runs = 0.0, 0, 0
     groups: list[tuple[str, list]] = []
     if not a.large_only:
-        groups += [(name, [lambda i=i, s=load_suite(name): Problem.from_instance(
-            s.instance(i), samples=16, seed=0) for i in range(a.n)])
-            for name in a.suites.split(",")]
+        for name in a.suites.split(","):
+            suite = load_suite(name)
+            groups.append((name, [lambda i=i, s=suite: Problem.from_instance(
+                s.instance(i), samples=16, seed=0) for i in range(a.n)]))
     if a.large:
         groups.append((f"cloud-mixed-{a.large}", [lambda: large_cloud(a.large)]))
     for name, makers in groups:

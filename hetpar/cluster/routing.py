@@ -240,6 +240,35 @@ class Routes:
             lats.append(link_lat[e])
         return chans, lats
 
+    def _stub_tables(self) -> tuple | None:
+        """(nodes hosts hang off, a host and its node per source class, each host's up
+        channel, its latency, its node, its class), built once; None unless every host
+        hangs off one link."""
+        if len(self._stub_of) != self._n:
+            return None
+        if self._bulk is not None:
+            return self._bulk
+        nodes = sorted(set(self._stub_of.values()))
+        node_id = {v: k for k, v in enumerate(nodes)}
+        classes: dict[tuple, int] = {}
+        reps: list[tuple[str, str]] = []  # (a host of the class, the node it hangs off)
+        up_ch = np.empty(self._n, dtype=np.int64)
+        up_lat = np.empty(self._n)
+        attach = np.empty(self._n, dtype=np.int64)
+        cls = np.empty(self._n, dtype=np.int64)
+        adj = self._graph._adj
+        for i, h in enumerate(self._names):
+            s = self._stub_of[h]
+            (ch,), (lat,) = self._path_links([h, s])
+            up_ch[i], up_lat[i], attach[i] = ch, lat, node_id[s]
+            key = (s,) if self._tree else (s, adj[h][s]["weight"])
+            if key not in classes:
+                classes[key] = len(reps)
+                reps.append((h, s))
+            cls[i] = classes[key]
+        self._bulk = (nodes, reps, up_ch, up_lat, attach, cls)
+        return self._bulk
+
     def bulk(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The routes from hosts ``src[p]`` to hosts ``dst[p]`` (``src[p] != dst[p]``) at
         once: ((pairs, hops) channels, in route order, with any padding (-1) before the
@@ -249,29 +278,10 @@ class Routes:
         A route is the host's link, the path between the nodes the two hosts hang off
         (the same for every host of one source class and one destination node, found
         once), and the other host's link."""
-        if len(self._stub_of) != self._n:
+        tables = self._stub_tables()
+        if tables is None:
             return None
-        if self._bulk is None:
-            nodes = sorted(set(self._stub_of.values()))
-            node_id = {v: k for k, v in enumerate(nodes)}
-            classes: dict[tuple, int] = {}
-            reps: list[tuple[str, str]] = []  # (a host of the class, the node it hangs off)
-            up_ch = np.empty(self._n, dtype=np.int64)
-            up_lat = np.empty(self._n)
-            attach = np.empty(self._n, dtype=np.int64)
-            cls = np.empty(self._n, dtype=np.int64)
-            adj = self._graph._adj
-            for i, h in enumerate(self._names):
-                s = self._stub_of[h]
-                (ch,), (lat,) = self._path_links([h, s])
-                up_ch[i], up_lat[i], attach[i] = ch, lat, node_id[s]
-                key = (s,) if self._tree else (s, adj[h][s]["weight"])
-                if key not in classes:
-                    classes[key] = len(reps)
-                    reps.append((h, s))
-                cls[i] = classes[key]
-            self._bulk = (nodes, reps, up_ch, up_lat, attach, cls)
-        nodes, reps, up_ch, up_lat, attach, cls = self._bulk
+        nodes, reps, up_ch, up_lat, attach, cls = tables
         # A stub's down channel is its up channel reversed (ch ^ 1), at the same latency.
         t_count = len(nodes)
         combo = cls[src] * t_count + attach[dst]
@@ -323,13 +333,6 @@ class Routes:
         path.reverse()
         return self._path_links(path)
 
-    def _bulk_ready(self) -> bool:
-        if len(self._stub_of) != self._n:
-            return False
-        if self._bulk is None and self._n > 1:
-            self.bulk(np.array([0]), np.array([1]))  # sets up the per-host arrays
-        return True
-
     def _outside(self, inside: Sequence[int]) -> np.ndarray:
         mask = np.ones(self._n, dtype=bool)
         mask[list(inside)] = False
@@ -343,8 +346,9 @@ class Routes:
         enters it on the reverse channel, so this is O(1) a host, not O(hosts)."""
         if self._n - len(set(inside) | {i}) <= 0:
             return set(), set()
-        if self._bulk_ready():
-            up = int(self._bulk[2][i])  # type: ignore[index]
+        tables = self._stub_tables()
+        if tables is not None:
+            up = int(tables[2][i])
             return {up}, {up ^ 1}
         first: set[int] = set()
         last: set[int] = set()
@@ -369,7 +373,7 @@ class Routes:
         if len(others) == 0:
             empty = np.zeros((0, 1), dtype=np.int64)
             return empty, np.zeros(0), empty, np.zeros(0)
-        if self._bulk_ready():
+        if self._stub_tables() is not None:
             src = np.full(len(others), i, dtype=np.int64)
             out_ch, out_lat = self.bulk(src, others)  # type: ignore[misc]
             in_ch, in_lat = self.bulk(others, src)  # type: ignore[misc]

@@ -187,11 +187,14 @@ class Bounds:
     objective: Objective
     zero: int
     inv_bw: np.ndarray = field(init=False)
+    # inv_bw with a 0 appended: index -1, the padding of ``routes_around``'s rows, reads it.
+    inv_bw_padded: np.ndarray = field(init=False)
     _profiles: dict = field(default_factory=dict, init=False)
     _knap: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.inv_bw = self.reduce(self.cm.inv_bw)
+        self.inv_bw_padded = np.append(self.inv_bw, 0.0)
         self.batch = self.cm.training.global_batch
         self.layers = self.cm.model.layers
         self.fixed = self.cm.framework.iteration_overhead_s
@@ -447,8 +450,7 @@ class Bounds:
         out_ch, _, in_ch, _ = self.cm.cluster.routes_around(host, (host,))
         best = math.inf
         if len(out_ch):
-            # -1 pads the routes' channel rows: it picks the appended 0, below every time.
-            inv = np.append(self.inv_bw, 0.0)
+            inv = self.inv_bw_padded  # the rows' padding (-1) reads 0, below every time
             best = min(float(inv[out_ch].max(axis=1).min()),
                        float(inv[in_ch].max(axis=1).min()))
         if not math.isfinite(best):

@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import shutil
 import tempfile
@@ -113,8 +114,10 @@ class _TimedEnv(gym.Wrapper):
         return self.env.unwrapped.action_masks()  # type: ignore[attr-defined]
 
     def bench_timing(self) -> dict[str, Any]:
-        return {"cpu": dict(self.cpu), "steps": self.steps,
-                "instances": len(self.env.unwrapped._cache)}  # type: ignore[attr-defined]
+        cache = self.env.unwrapped._cache  # type: ignore[attr-defined]
+        # Environments of one worker may share one cache: count each cache once.
+        return {"cpu": dict(self.cpu), "steps": self.steps, "instances": len(cache),
+                "cache": (os.getpid(), id(cache))}
 
 
 def _timed_env_fn(make: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
@@ -306,11 +309,11 @@ def main() -> None:
         print(f"  {name:58s} {1e6 * seconds / steps:8.1f}  {100 * seconds / wall:5.1f}%")
     if clock.workers_start and clock.workers_end:
         cpu = dict.fromkeys(_WORKER_KEYS, 0.0)
-        built = 0
+        built: dict[Any, int] = {}
         for a, b in zip(clock.workers_start, clock.workers_end):
             for key in _WORKER_KEYS:
                 cpu[key] += b["cpu"][key] - a["cpu"][key]
-            built += b["instances"] - a["instances"]
+            built[tuple(b["cache"]) if "cache" in b else id(b)] = b["instances"] - a["instances"]
         total = sum(cpu.values())
         print(f"environments' CPU time in their worker processes, ms per 1000 timesteps "
               f"(summed over {len(clock.workers_end)} environments):")
@@ -320,8 +323,8 @@ def main() -> None:
             print(f"  {names[key]:58s} {1e6 * cpu[key] / steps:8.1f}  "
                   f"{100 * cpu[key] / max(total, 1e-12):5.1f}%")
         print(f"  {'total':58s} {1e6 * total / steps:8.1f}")
-        print(f"training instances built during the timed part: {built} "
-              f"(per-instance tables, summed over workers)")
+        print(f"training instances built during the timed part: {sum(built.values())} "
+              f"(per-instance tables, summed over {len(built)} caches)")
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)

@@ -354,3 +354,52 @@ def test_attention_edge_messages_equal_the_per_pair_formula(env: PlanBuilderEnv,
             for p in block.parameters():
                 p.div_(3.0)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_host_rows_are_the_dense_network(env: PlanBuilderEnv, model: MaskablePPO) -> None:
+    """The per-host layers run on the real hosts' rows only: the outputs and gradients are
+    those of the dense pass over every padded row (float64, so that the comparison is not
+    float32's rounding of gradients that sum to zero)."""
+    import copy
+
+    ex = copy.deepcopy(model.policy.features_extractor).double()
+    batch, masks, _ = _episode_batch(env, model, 4)
+    batch = {k: v.double() for k, v in batch.items()}
+    assert (batch["host_mask"].sum(1) < batch["host_mask"].shape[1]).any()  # padding exists
+    outs, grads = [], []
+    for pack in (False, True):
+        ex.pack_rows = pack
+        ex.zero_grad()
+        out = ex(batch)
+        (out * torch.linspace(-1, 1, out.shape[1], dtype=out.dtype)).pow(2).sum().backward()
+        outs.append(out.detach())
+        grads.append({n: p.grad.clone() for n, p in ex.named_parameters()})
+    assert torch.allclose(outs[0], outs[1], atol=1e-10)
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=1e-8), name
+
+
+def test_softmax_by_hand_is_torchs() -> None:
+    from hetpar.agents.policy import _Softmax
+
+    x = torch.randn(5, 4, 7, 7, dtype=torch.float64, requires_grad=True)
+    x.data[0, 0, 0, 3:] = -1e9  # masked keys
+    assert torch.allclose(_Softmax.apply(x), torch.softmax(x, -1))
+    assert torch.autograd.gradcheck(_Softmax.apply, (x,))
+
+
+def test_update_arithmetic_is_sb3_contribs_distribution(env: PlanBuilderEnv,
+                                                        model: MaskablePPO) -> None:
+    """The anchored update's log-probabilities and entropies, computed without building
+    distribution objects, are those of sb3-contrib's masked distribution."""
+    from hetpar.agents.anchored import _masked_parts
+
+    policy = model.policy
+    batch, masks, actions = _episode_batch(env, model, 4)
+    with torch.no_grad():
+        log_probs, log_prob, entropy, values = _masked_parts(policy, batch, masks, actions)
+        want_v, want_lp, want_ent = policy.evaluate_actions(batch, actions, masks)
+    assert torch.allclose(log_prob, want_lp, atol=1e-6)
+    assert torch.allclose(entropy, want_ent, atol=1e-6)
+    assert torch.allclose(values, want_v, atol=1e-6)
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(len(actions)), atol=1e-5)

@@ -411,3 +411,30 @@ def test_training_pool_defaults_to_256_and_may_be_larger():
     assert PlanBuilderEnv("tiny", instances=5).source.count == 5
     with pytest.raises(ConfigError, match="instances"):
         PlanBuilderEnv("tiny", instances=0)
+
+
+def test_environments_of_one_process_share_instance_tables() -> None:
+    """``share_contexts``: the same instances and settings share the per-instance caches
+    (built once between them) and run the same episodes as an environment of its own;
+    other settings are refused."""
+    kw = dict(max_hosts=6, instances=8, bandwidth="robust", samples=4)
+    a, b, alone = (PlanBuilderEnv("tiny", **kw) for _ in range(3))
+    assert b.share_contexts(a) and b._cache is a._cache
+    assert not PlanBuilderEnv("tiny", **{**kw, "samples": 2}).share_contexts(a)
+    assert not PlanBuilderEnv("tiny", **{**kw, "instances": 4}).share_contexts(a)
+    rng = np.random.default_rng(0)
+    for seed in range(6):
+        obs_a, _ = a.reset(seed=seed)
+        obs_b, _ = b.reset(seed=seed)
+        obs_c, _ = alone.reset(seed=seed)
+        done = False
+        while not done:
+            mask = alone.action_masks()
+            assert np.array_equal(mask, b.action_masks())
+            for key in obs_c:
+                assert np.array_equal(obs_b[key], obs_c[key])
+            action = int(rng.choice(np.flatnonzero(mask)))
+            obs_b, r_b, done, _, _ = b.step(action)
+            obs_c, r_c, _, _, _ = alone.step(action)
+            assert r_b == r_c
+    assert set(a._cache) == set(b._cache) and len(a._cache) >= 1

@@ -85,6 +85,36 @@ def _minibatches(buffer: Any, batch_size: int) -> Any:
         yield rows, buffer._get_samples(rows)
 
 
+def _masked_parts(policy: Any, obs: Any, masks: Any, actions: th.Tensor,
+                  ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    """(normalised masked log-probabilities, the actions' log-probabilities, entropies,
+    values) of a minibatch: sb3-contrib's ``MaskableCategorical`` arithmetic (masked
+    logits set to its -1e8, entropy summed over allowed actions) without building the
+    distribution objects, which cost as much as a tenth of an update."""
+    latent_pi, latent_vf = policy._latents(obs, masks)
+    logits = policy.action_net(latent_pi)
+    allowed = th.as_tensor(masks, dtype=th.bool).reshape(logits.shape)
+    logits = logits.masked_fill(~allowed, _HUGE_NEG)
+    log_probs = logits - logits.logsumexp(-1, keepdim=True)
+    log_prob = log_probs.gather(1, actions[:, None]).squeeze(1)
+    p_log_p = (log_probs.exp() * log_probs).masked_fill(~allowed, 0.0)
+    return log_probs, log_prob, -p_log_p.sum(-1), policy.value_net(latent_vf)
+
+
+# sb3-contrib's value for a masked logit (MaskableCategorical).
+_HUGE_NEG = -1e8
+
+
+def _fused_adam_supported() -> bool:
+    """Whether this torch has Adam's fused CPU kernel (2.4 and later): one pass over all
+    parameters instead of a loop of small tensor ops (about 4 ms -> 1 ms a step)."""
+    try:
+        th.optim.Adam([th.zeros(1, requires_grad=True)], fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
+
+
 def kl_to(anchor_log_probs: th.Tensor, log_probs: th.Tensor) -> th.Tensor:
     """Per-row ``KL(anchor || policy)`` of two masked categorical distributions (masked
     actions have probability 0 under both and add nothing)."""
@@ -104,6 +134,7 @@ class AnchoredMaskablePPO(MaskablePPO):
         self.value_warmup = int(value_warmup)
         self.update_threads = int(update_threads)
         self.anchor: Any = None
+        self._fused = _fused_adam_supported()
         super().__init__(*args, **kwargs)
 
     def set_anchor(self, policy: Any | None = None) -> None:
@@ -156,6 +187,11 @@ class AnchoredMaskablePPO(MaskablePPO):
 
     def _update(self) -> None:
         self.policy.set_training_mode(True)
+        if self._fused and isinstance(self.policy.optimizer, th.optim.Adam):
+            # Set on every update: loading a checkpoint's optimizer state restores the
+            # options it was saved with. The arithmetic is Adam's either way.
+            for group in self.policy.optimizer.param_groups:
+                group["fused"], group["foreach"] = True, False
         self._update_learning_rate(self.policy.optimizer)
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
         clip_range_vf = (None if self.clip_range_vf is None else
@@ -175,11 +211,9 @@ class AnchoredMaskablePPO(MaskablePPO):
                 actions = data.actions
                 if isinstance(self.action_space, spaces.Discrete):
                     actions = actions.long().flatten()
-                log_probs, dist, values = _masked_log_probs(self.policy, data.observations,
-                                                            data.action_masks)
+                log_probs, log_prob, entropy, values = _masked_parts(
+                    self.policy, data.observations, data.action_masks, actions)
                 values = values.flatten()
-                log_prob = dist.log_prob(actions)
-                entropy = dist.entropy()
                 advantages = data.advantages
                 if self.normalize_advantage and len(advantages) > 1:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

@@ -386,7 +386,10 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
     from hetpar.agents.shaping import shaping
 
     wrap = shaping(cfg.finetune["reward"], cfg.finetune["repeat"], wrap, reward_refs)
-    fns = [_make_env_fn(cfg.suite, {**env_kwargs, "instances": cfg.env["instances"]}, rank,
+    # Every instance of the pool stays cached (the environments of a worker share them).
+    pool = {**env_kwargs, "instances": cfg.env["instances"],
+            "cache_size": max(512, cfg.env["instances"] or 0)}
+    fns = [_make_env_fn(cfg.suite, pool, rank,
                         cfg.seed, cfg.n_envs > 1, wrap) for rank in range(cfg.n_envs)]
     return GroupedVecEnv(fns, workers) if cfg.n_envs > 1 else DummyVecEnv(fns)
 

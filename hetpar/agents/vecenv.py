@@ -56,6 +56,12 @@ def _worker(remote: Any, parent_remote: Any, fns: CloudpickleWrapper) -> None:
 
     parent_remote.close()
     envs = [_patch_env(fn()) for fn in fns.var]
+    # Environments of one process share their per-instance tables where they can (the
+    # same instances and settings): each instance's are then built once per process.
+    first = envs[0].unwrapped
+    for env in envs[1:]:
+        if hasattr(env.unwrapped, "share_contexts") and hasattr(first, "share_contexts"):
+            env.unwrapped.share_contexts(first)
     # Each environment's last reset info, sent with every step (as SubprocVecEnv does).
     reset_infos: list[dict[str, Any]] = [{} for _ in envs]
     while True:

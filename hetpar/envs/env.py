@@ -118,6 +118,10 @@ class _Episode:
         return sum(self.open_blocks.values())
 
 
+def _identity(inst: Instance) -> tuple[Any, ...]:
+    return (inst.name, inst.seed, inst.num_hosts, inst.model.name, inst.cluster.name)
+
+
 class PlanBuilderEnv(gym.Env):
     __doc__ = __doc__
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 2}
@@ -212,6 +216,31 @@ class PlanBuilderEnv(gym.Env):
                 continue
             return index
         raise InfeasibleError(f"suite {self.source.name}: no feasible instance in 100 draws")
+
+    def share_contexts(self, other: PlanBuilderEnv) -> bool:
+        """Use ``other``'s per-instance contexts (cost model, plan space, feasibility memo,
+        action-mask memo: pure caches) from now on, when both environments build the same
+        contexts: the same instances and settings. Environments stepped in one process
+        (``GroupedVecEnv``'s workers) then build each instance's tables once between them
+        instead of once each. Returns whether they are shared; nothing an episode draws
+        or scores changes."""
+        if other is self:
+            return True
+        same = (self.source.name == other.source.name and
+                self.source.count == other.source.count and
+                self.source.fixed == other.source.fixed and
+                self.max_hosts == other.max_hosts and self.samples == other.samples and
+                self.bandwidth_mode == other.bandwidth_mode and
+                self.constants == other.constants and self.layout == other.layout and
+                self.mask_witness == other.mask_witness and
+                _identity(self.source.get(0)) == _identity(other.source.get(0)))
+        if not same:
+            return False
+        self._cache, self._static, self._routes = other._cache, other._static, other._routes
+        self._infeasible = other._infeasible
+        self._cache_size = max(self._cache_size, other._cache_size)
+        other._cache_size = self._cache_size
+        return True
 
     def _check_instance(self, inst: Instance) -> None:
         if inst.num_hosts > self.max_hosts:

@@ -230,6 +230,7 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
         z = self.pool(th.cat([mean, mx, gz], dim=-1))
         # The host head's first layer on [h_i, z], split: z's part once per row.
         first, rest = self.host_head[0], self.host_head[1:]
+        assert isinstance(first, nn.Linear)
         dim = h.shape[-1]
         zpart = nn.functional.linear(z, first.weight[:, dim:], first.bias)
         if rows is None:

@@ -313,7 +313,8 @@ def main() -> None:
         for a, b in zip(clock.workers_start, clock.workers_end):
             for key in _WORKER_KEYS:
                 cpu[key] += b["cpu"][key] - a["cpu"][key]
-            built[tuple(b["cache"]) if "cache" in b else id(b)] = b["instances"] - a["instances"]
+            cache = tuple(b["cache"]) if "cache" in b else id(b)
+            built[cache] = b["instances"] - a["instances"]
         total = sum(cpu.values())
         print(f"environments' CPU time in their worker processes, ms per 1000 timesteps "
               f"(summed over {len(clock.workers_end)} environments):")

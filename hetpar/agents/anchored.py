@@ -45,13 +45,35 @@ from stable_baselines3.common.utils import explained_variance
 __all__ = ["AnchoredMaskablePPO", "kl_to"]
 
 
-def _masked_log_probs(policy: Any, obs: Any, masks: Any) -> tuple[th.Tensor, Any, th.Tensor]:
-    """(normalised log-probabilities of every action, the distribution, the values)."""
+def _masked_log_probs(policy: Any, obs: Any, masks: Any,
+                      ) -> tuple[th.Tensor, th.Tensor | None, th.Tensor]:
+    """(normalised log-probabilities of every action, the allowed actions (None without
+    masks), the values): sb3-contrib's ``MaskableCategorical`` arithmetic (a masked logit
+    set to its -1e8) without building the distribution objects, which cost as much as a
+    tenth of an update."""
     latent_pi, latent_vf = policy._latents(obs, masks)
-    dist = policy._get_action_dist_from_latent(latent_pi)
+    logits = policy.action_net(latent_pi)
+    allowed = None
     if masks is not None:
-        dist.apply_masking(masks)
-    return dist.distribution.logits, dist, policy.value_net(latent_vf)
+        allowed = th.as_tensor(masks, dtype=th.bool).reshape(logits.shape)
+        logits = logits.masked_fill(~allowed, _HUGE_NEG)
+    return logits - logits.logsumexp(-1, keepdim=True), allowed, policy.value_net(latent_vf)
+
+
+def _masked_parts(policy: Any, obs: Any, masks: Any, actions: th.Tensor,
+                  ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    """(normalised masked log-probabilities, the actions' log-probabilities, entropies
+    (summed over the allowed actions, as sb3-contrib's), values) of a minibatch."""
+    log_probs, allowed, values = _masked_log_probs(policy, obs, masks)
+    log_prob = log_probs.gather(1, actions[:, None]).squeeze(1)
+    p_log_p = log_probs.exp() * log_probs
+    if allowed is not None:
+        p_log_p = p_log_p.masked_fill(~allowed, 0.0)
+    return log_probs, log_prob, -p_log_p.sum(-1), values
+
+
+# sb3-contrib's value for a masked logit (MaskableCategorical).
+_HUGE_NEG = -1e8
 
 
 _BUFFER_ARRAYS = ("actions", "values", "log_probs", "advantages", "returns", "action_masks")
@@ -83,26 +105,6 @@ def _minibatches(buffer: Any, batch_size: int) -> Any:
     for start in range(0, n, batch_size):
         rows = indices[start:start + batch_size]
         yield rows, buffer._get_samples(rows)
-
-
-def _masked_parts(policy: Any, obs: Any, masks: Any, actions: th.Tensor,
-                  ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
-    """(normalised masked log-probabilities, the actions' log-probabilities, entropies,
-    values) of a minibatch: sb3-contrib's ``MaskableCategorical`` arithmetic (masked
-    logits set to its -1e8, entropy summed over allowed actions) without building the
-    distribution objects, which cost as much as a tenth of an update."""
-    latent_pi, latent_vf = policy._latents(obs, masks)
-    logits = policy.action_net(latent_pi)
-    allowed = th.as_tensor(masks, dtype=th.bool).reshape(logits.shape)
-    logits = logits.masked_fill(~allowed, _HUGE_NEG)
-    log_probs = logits - logits.logsumexp(-1, keepdim=True)
-    log_prob = log_probs.gather(1, actions[:, None]).squeeze(1)
-    p_log_p = (log_probs.exp() * log_probs).masked_fill(~allowed, 0.0)
-    return log_probs, log_prob, -p_log_p.sum(-1), policy.value_net(latent_vf)
-
-
-# sb3-contrib's value for a masked logit (MaskableCategorical).
-_HUGE_NEG = -1e8
 
 
 def _fused_adam_supported() -> bool:

@@ -49,9 +49,11 @@ __all__ = ["HostAttentionExtractor", "HostAttentionPolicy", "layout_from_spaces"
 
 _G = GlobalFeature
 _LAYER_FEATURES = 6
-# Below this many host rows (a rollout's batch of one row per environment) gathering the
-# rows that need a layer costs more than the padded rows it saves.
+# Below these sizes (a rollout's batch of one row per environment) gathering the rows that
+# need computing costs more than the rows it skips: host rows, and batch rows for the
+# layer-count head.
 _PACK_MIN_ROWS = 512
+_PACK_MIN_BATCH = 64
 
 
 def layout_from_spaces(observation_space: gym.spaces.Dict, n_actions: int,
@@ -111,7 +113,7 @@ class _AttentionBlock(nn.Module):
         # h (B, n, d); edges (B, n, n, e); key_mask (B, n) bool, True = real host.
         # rows: the flat indices (into B * n) of the real hosts, or None for all.
         b, n, d = h.shape
-        x = h.reshape(b * n, d) if rows is None else h.reshape(b * n, d).index_select(0, rows)
+        x = _pack(h.reshape(b * n, d), rows)
         qkv = _unpack(self.qkv(self.norm1(x)), rows, b * n)
         q, k, v = qkv.view(b, n, 3, self.heads, self.dk).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, n, dk)
@@ -128,13 +130,16 @@ class _AttentionBlock(nn.Module):
         pooled = (mean_attn[..., None] * edges).sum(2)  # (B, n, e)
         msg = msg + nn.functional.linear(pooled, self.edge_msg.weight) + \
             mean_attn.sum(-1, keepdim=True) * self.edge_msg.bias
-        msg = msg.reshape(b * n, d) if rows is None else \
-            msg.reshape(b * n, d).index_select(0, rows)
-        x = x + self.out(msg)
+        x = x + self.out(_pack(msg.reshape(b * n, d), rows))
         x = x + self.ffn(self.norm2(x))
         if rows is None:
             return x.view(b, n, d) * key_mask[..., None].to(h.dtype)
         return _unpack(x, rows, b * n).view(b, n, d)
+
+
+def _pack(x: th.Tensor, rows: th.Tensor | None) -> th.Tensor:
+    """``x``'s ``rows`` (``x`` itself when ``rows`` is None)."""
+    return x if rows is None else x.index_select(0, rows)
 
 
 def _unpack(x: th.Tensor, rows: th.Tensor | None, total: int) -> th.Tensor:
@@ -212,9 +217,7 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
         # padded rows are 0, as the dense formula makes them.
         rows = th.nonzero(real_n.reshape(-1)).squeeze(1) \
             if self.pack_rows and b * n >= _PACK_MIN_ROWS else None
-        hx = hosts[:, :n].reshape(b * n, -1)
-        if rows is not None:
-            hx = hx.index_select(0, rows)
+        hx = _pack(hosts[:, :n].reshape(b * n, -1), rows)
         h = _unpack(self.host_in(hx), rows, b * n).view(b, n, -1) + \
             self.glob_to_host(gz)[:, None, :]
         h = h * real_n[..., None].to(h.dtype)
@@ -237,14 +240,14 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
             hidden = nn.functional.linear(h, first.weight[:, :dim]) + zpart[:, None, :]
             host_logits = rest(hidden).squeeze(-1) * real_n.to(h.dtype)
         else:
-            hidden = nn.functional.linear(h.reshape(b * n, dim).index_select(0, rows),
+            hidden = nn.functional.linear(_pack(h.reshape(b * n, dim), rows),
                                           first.weight[:, :dim]) + zpart[rows // n]
             host_logits = _unpack(rest(hidden).squeeze(-1), rows, b * n).view(b, n)
         if n < max_hosts:
             host_logits = th.cat([host_logits, host_logits.new_zeros(b, max_hosts - n)], dim=1)
         slots = self.layout.max_layers if layer_slots is None else \
             min(max(int(layer_slots), 0), self.layout.max_layers)
-        if slots and layer_rows is not None and b >= _PACK_MIN_ROWS // 8 and \
+        if slots and layer_rows is not None and b >= _PACK_MIN_BATCH and \
                 not bool(layer_rows.all()):
             lrows = th.nonzero(layer_rows).squeeze(1)
             kf = self.layer_k(self._layer_features(g[lrows], slots))  # (R, slots, d/2)

@@ -374,7 +374,7 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from hetpar.agents.vecenv import GroupedVecEnv
-    from hetpar.envs.env import PlanBuilderEnv
+    from hetpar.envs.env import CACHE_SIZE, PlanBuilderEnv
 
     # Check the suite (and a few instances) in this process first, for clear errors.
     env_kwargs = _env_kwargs(cfg)
@@ -388,7 +388,7 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
     wrap = shaping(cfg.finetune["reward"], cfg.finetune["repeat"], wrap, reward_refs)
     # Every instance of the pool stays cached (the environments of a worker share them).
     pool = {**env_kwargs, "instances": cfg.env["instances"],
-            "cache_size": max(512, cfg.env["instances"] or 0)}
+            "cache_size": max(CACHE_SIZE, cfg.env["instances"] or 0)}
     fns = [_make_env_fn(cfg.suite, pool, rank,
                         cfg.seed, cfg.n_envs > 1, wrap) for rank in range(cfg.n_envs)]
     return GroupedVecEnv(fns, workers) if cfg.n_envs > 1 else DummyVecEnv(fns)

@@ -77,7 +77,7 @@ from hetpar.errors import ConfigError, InfeasibleError, PlanError
 from hetpar.plan import Plan
 from hetpar.problem.space import StageChoice
 
-__all__ = ["PlanBuilderEnv"]
+__all__ = ["CACHE_SIZE", "PlanBuilderEnv"]
 
 _MEMORY, _MICRO, _TP, _BLOCKS, _DONE = range(5)  # indices of PHASES
 H, G = HostFeature, GlobalFeature
@@ -87,6 +87,7 @@ _PHASE_COLUMN = (G.PHASE_MEMORY, G.PHASE_MICRO_BATCHES, G.PHASE_TP, G.PHASE_BLOC
                  G.PHASE_BLOCKS)
 _RECOMPUTE_COLUMN = {"none": G.RECOMPUTE_NONE, "selective": G.RECOMPUTE_SELECTIVE,
                      "full": G.RECOMPUTE_FULL}
+CACHE_SIZE = 512  # instances whose tables an environment keeps, by default
 _MASK_MEMO = 50_000  # masks memoised per instance before the memo starts afresh
 
 
@@ -131,7 +132,7 @@ class PlanBuilderEnv(gym.Env):
                  samples: int = POLICY_SAMPLES,
                  instances: int | None = None, max_layers: int = 128, max_micro: int = 16,
                  max_tp: int = 16, render_mode: str | None = None,
-                 constants: CostConstants | None = None, cache_size: int = 512,
+                 constants: CostConstants | None = None, cache_size: int = CACHE_SIZE,
                  invalid_action_reward: float = -1.0, max_invalid_actions: int = 32,
                  mask_witness: bool = True) -> None:
         if bandwidth not in ("sampled", "robust"):

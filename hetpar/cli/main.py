@@ -42,6 +42,13 @@ examples:
 """
 
 
+RUNTIME_CHOICES = ("any", "megatron", "deepspeed")
+RUNTIME_PLAN_LIMIT = 10.0  # s: hetpar plan's search over a framework's plans
+RUNTIME_HELP = ("the framework the plan must run on: any (every plan of hetpar's space; "
+                "stages may differ), megatron (one TP and DP degree, Megatron-LM's rank "
+                "order, even layers but the first and last stage) or deepspeed (the same, "
+                "with DeepSpeed's uniform partition); default any")
+
 TRUST_PICKLE_HELP = ("load a policy file of format 1 (stable-baselines3's pickled zip, as "
                      "earlier hetpar wrote them), which can run code when loaded; only for "
                      "files you trust ('hetpar policy convert' rewrites one as format 2)")
@@ -78,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--plan", required=True, metavar="FILE",
                      help="plan file (JSON, format in configs/README.md)")
     _add_scoring_args(est, "bandwidth states to sample (0: each link at its mean; default 32)")
+    est.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
+                     help="warn when this framework cannot run the plan as it stands "
+                          "(every estimate says which can)")
     est.set_defaults(func=_cmd_estimate)
 
     sol = sub.add_parser(
@@ -115,7 +125,28 @@ def build_parser() -> argparse.ArgumentParser:
     sol.add_argument("--no-policy-start", action="store_true",
                      help="do not seed the exact search with the policy's plan (by default "
                           "the shipped policy plans first where torch is installed)")
+    sol.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
+                     help=RUNTIME_HELP)
     sol.set_defaults(func=_cmd_solve)
+
+    exp = sub.add_parser(
+        "export", help="write the files that launch a plan with Megatron-LM, DeepSpeed or "
+                       "torchrun",
+        description="Write into --out the launch files of a plan: for megatron the "
+                    "Megatron-LM arguments, a host file and one torchrun line per host that "
+                    "places every rank on the GPU the plan names; for deepspeed the "
+                    "DeepSpeed config, pipeline partition, host file and launcher line; for "
+                    "torchrun the launch lines and the rank map. Each folder has a README "
+                    "saying what each file is. A plan the format cannot express is refused "
+                    "with the rule it breaks.")
+    _add_instance_args(exp)
+    exp.add_argument("--plan", required=True, metavar="FILE", help="plan file (JSON)")
+    exp.add_argument("--format", required=True, choices=("megatron", "deepspeed", "torchrun"),
+                     help="the framework to launch with")
+    exp.add_argument("--out", required=True, metavar="DIR",
+                     help="folder for the files (created; files of the same names are "
+                          "replaced)")
+    exp.set_defaults(func=_cmd_export)
 
     val = sub.add_parser(
         "validate", help="report the cost model's fidelity on the bundled reference runs",
@@ -219,15 +250,47 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
                    seed=args.seed)
     est = cm.evaluate(plan, source=args.plan)
     value = est.value(objective)
+    from hetpar.runtime.rules import check_plan, runnable_by
+
+    cannot = check_plan(plan, args.runtime) if args.runtime else []
     if args.json:
         out = est.to_dict()
         out["objective"] = {"name": objective.name, "value_s": value}
+        out["runtimes"] = list(runnable_by(plan))
+        if args.runtime:
+            out["runtime"] = {"name": args.runtime, "problems": cannot}
         out["instance"] = {"cluster": cluster.name, "model": model.name,
                            "training": training.name, "samples": args.samples, "seed": args.seed}
         _print_json(out)
         return 0
-    from hetpar.cli.render import render_estimate
+    from hetpar.cli.render import render_estimate, render_runtimes
     render_estimate(console, est, cluster, cm.model, objective.name, value)
+    console.print(render_runtimes(plan), highlight=False)
+    if cannot:
+        from hetpar.errors import one_line
+        print(f"hetpar: warning: {args.runtime} cannot run this plan: {one_line(cannot[0])}",
+              file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from hetpar.costmodel.estimate import CostModel
+    from hetpar.plan import Plan
+    from hetpar.runtime.export import export_plan
+
+    cluster, model, training, constants = _load_instance(args)
+    plan = Plan.load(args.plan)
+    # Valid for this cluster, model and training (PlanError naming the rule otherwise).
+    CostModel(cluster, model, training, constants=constants, samples=0).evaluate(
+        plan, source=args.plan)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(str(out), "", "exists and is not a folder")
+    files = export_plan(plan, args.format, out, model.with_seq_len(training.seq_len),
+                        training, cluster.name)
+    console.print(f"{args.format} launch files for {args.plan} written to {out}: "
+                  f"{', '.join(f.name for f in files)} (README.md says what each is)",
+                  highlight=False)
     return 0
 
 
@@ -276,8 +339,11 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         live.start()
     options: dict = {"time_limit": args.time_limit}
     if args.method != "local-search":
-        options.update(workers=args.workers, budget=args.budget,
+        options.update(workers=args.workers, budget=args.budget, runtime=args.runtime,
                        progress=(lambda p: live.update(line(p))) if live else None)
+    elif args.runtime != "any":
+        raise ConfigError("--runtime", "", "local-search searches every plan of the space; "
+                                           "use --method exact for a runtime's plans")
     if args.method == "exact":
         options.update(starts=starts, policy_start=not args.no_policy_start)
     try:
@@ -570,6 +636,13 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--no-improve", action="store_true",
                     help="skip the structure search: the policy's refined plan in tens of "
                          "milliseconds")
+    pl.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
+                    help=RUNTIME_HELP + ". The policy plans over every plan of the space; for "
+                         "megatron or deepspeed the exact search over the plans that "
+                         "framework runs follows (--time-limit, default "
+                         f"{RUNTIME_PLAN_LIMIT:g} s), started from the policy's plan where "
+                         "the framework can run it, and the gap to the policy's plan is "
+                         "printed")
     pl.set_defaults(func=_cmd_plan)
 
     ev = sub.add_parser(
@@ -658,6 +731,13 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     result = planning.plan(problem, policy_method(beam, refine, args.improve), policy=bundle,
                            source=args.cluster, refine=refine, refine_steps=args.refine_steps,
                            beam=beam, improve_evaluations=args.improve)
+    unrestricted = None  # the policy's plan, when a framework's search replaces it
+    if args.runtime != "any":
+        unrestricted = result
+        with console.status(f"searching the plans {args.runtime} can run", spinner="dots"):
+            result = planning.plan(problem, "exact", runtime=args.runtime,
+                                   time_limit=args.time_limit or RUNTIME_PLAN_LIMIT,
+                                   starts=(("policy", unrestricted.plan),), policy_start=False)
     other = None
     if args.compare:
         with console.status(f"running {args.compare} for comparison", spinner="dots"):
@@ -671,6 +751,9 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     gap = (result.value / other.value - 1.0) if other is not None and other.found else None
     if args.json:
         doc = result.to_dict()
+        if unrestricted is not None:
+            doc["runtime"] = {"name": args.runtime, "any_value_s": unrestricted.value,
+                              "gap_to_any": result.value / unrestricted.value - 1.0}
         if other is not None:
             # The compared method's own result fields, and T_policy / T_method - 1 (its
             # "gap" is its own bound's, as in every result).
@@ -678,6 +761,11 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         _print_json(_json_doc(doc, args))
         return 0
     _render(console, problem, result)
+    if unrestricted is not None:
+        console.print(f"[bold]runtime {args.runtime}[/]: {result.value:.4f} s against "
+                      f"{unrestricted.value:.4f} s for the policy's plan over every plan of "
+                      f"the space (runtime any): "
+                      f"{result.value / unrestricted.value - 1.0:+.1%}", highlight=False)
     if other is not None:
         if not other.found:
             console.print(f"[bold]{other.method}[/]: no plan found in {other.wall_s:.2f} s")

@@ -141,6 +141,18 @@ def _dur(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def render_runtimes(plan) -> str:  # noqa: ANN001 - Plan
+    """Which frameworks can run ``plan`` as it stands, and why the others cannot."""
+    from hetpar.runtime.rules import RUNTIMES, check_plan
+
+    ok = [n for n in RUNTIMES if not check_plan(plan, n)]
+    out = f"runs on: {', '.join(ok)}"
+    no = [(n, check_plan(plan, n)[0]) for n in RUNTIMES if n not in ok]
+    if no:
+        out += "; not on " + "; ".join(f"{n} ({why})" for n, why in no)
+    return out
+
+
 def render_solution(console: Console, sol: Solution) -> None:
     """The summary of any planner's ``Solution`` (``hetpar solve``, ``hetpar plan``): its
     value and inputs, who found the plan, the time of each part, the exact search's
@@ -153,6 +165,8 @@ def render_solution(console: Console, sol: Solution) -> None:
     console.print(f"[bold]{sol.method}[/]: objective {sol.objective} = {sol.value:.4f} s"
                   f"{over}, {sol.evaluations:,} plans scored in {sol.wall_s:.2f} s"
                   + (f"; best plan found by {found}" if found else ""), highlight=False)
+    if sol.plan is not None:
+        console.print(render_runtimes(sol.plan), highlight=False)
     parts = {k: v for k, v in sol.timings.items() if k != "forward"}
     if len(parts) > 1:
         console.print("time: " + ", ".join(f"{k} {_dur(v)}" for k, v in parts.items()),

@@ -15,6 +15,7 @@ from typing import Any
 
 from hetpar.costmodel.estimate import Estimate
 from hetpar.plan import Plan
+from hetpar.runtime.rules import runnable_by
 
 __all__ = ["Certificate", "Solution", "TIMING_KEYS", "without_timings"]
 
@@ -142,6 +143,8 @@ class Solution:
                 "wall_s": self.wall_s, "timings_s": dict(self.timings),
                 "evaluations": self.evaluations,
                 "plan": self.plan.to_dict() if self.plan else None,
+                # The frameworks that can run the plan as it stands (hetpar.runtime).
+                "runtimes": list(runnable_by(self.plan)) if self.plan else [],
                 "estimate": self.estimate.to_dict() if self.estimate is not None else None,
                 "certificate": (self.certificate.to_dict() if self.certificate is not None
                                 else None),

@@ -38,6 +38,7 @@ from hetpar.solvers.exact import (
 )
 from hetpar.problem import Certificate, Problem, Solution
 from hetpar.problem.space import PlanSpace, StageChoice
+from hetpar.runtime.rules import check_plan, get_runtime
 
 __all__ = ["solve", "METHODS", "Progress", "Start"]
 
@@ -70,7 +71,7 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
           time_limit: float | None = None, budget: int = 200, rng_seed: int | None = None,
           progress: Callable[[Progress], None] | None = None,
           executor: SearchExecutor | None = None, certify: bool = True,
-          starts: Iterable[Start] = ()) -> Solution:
+          starts: Iterable[Start] = (), runtime: str = "any") -> Solution:
     """Find a plan of ``problem`` with ``method``.
 
     ``exact`` proves optimality over the plan space (``time_limit`` makes it anytime);
@@ -93,6 +94,12 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     (no dive, no ranking) and, when stopped, no lower-bound bisection (the certificate's
     bound is then the compute floor). Those steps can run minutes past the limit on
     16-GPU clusters.
+
+    ``runtime`` (``hetpar.runtime.rules``): the framework the plan must run on. ``exact``
+    then searches only the plans it can run (its seeds and starts included: one it cannot
+    run is dropped), and its bound, which holds over the whole space, holds over them;
+    another method's plan that the runtime cannot run is refused (InfeasibleError naming
+    the rule it breaks).
     """
     starts = tuple(starts)
     if method not in METHODS:
@@ -105,6 +112,7 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     if starts and method != "exact":
         raise ConfigError("", "starts", f"start plans seed the exact search only, not "
                                         f"method {method!r}")
+    rt = get_runtime(runtime)
     start = time.perf_counter()
     problem.check_fits_somewhere()
     cm, space, obj = problem.cost_model, problem.space, problem.objective
@@ -123,15 +131,26 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
         kwargs: dict[str, Any] = {"seed": problem.seed if rng_seed is None else rng_seed}
         if method == "random":
             kwargs["budget"] = budget
+        if method == "megatron":
+            kwargs["runtime"] = rt.name  # the layouts the framework runs
         sol = fn(cm, space, obj, **kwargs)
     else:
         t0 = time.perf_counter()
-        seeds = _score_starts(problem, starts)
+        seeds = [sd for sd in _score_starts(problem, starts)
+                 if rt.unrestricted or not check_plan(sd[1], rt)]
         sol = _exact(cm, space, obj, workers, time_limit, progress, executor, certify, seeds,
-                     time.perf_counter() - t0)
+                     time.perf_counter() - t0, rt.name)
+    if sol.found and not rt.unrestricted:
+        why = check_plan(sol.plan, rt)
+        if why:
+            raise InfeasibleError(f"{method}: its plan cannot run on {rt.name}: {why[0]} "
+                                  f"(method exact searches the plans {rt.name} can run)")
     # wall_s counts the problem's setup (cost model, space, the fit check) too.
     return replace(sol, found_by=sol.found_by or (method if sol.found else ""),
-                   inputs=problem.describe(), wall_s=time.perf_counter() - start,
+                   # A framework's runtime is part of what was asked (any is the default).
+                   inputs={**problem.describe(),
+                           **({} if rt.unrestricted else {"runtime": rt.name})},
+                   wall_s=time.perf_counter() - start,
                    timings=sol.timings or {"search": sol.wall_s})
 
 
@@ -200,7 +219,7 @@ def _best_seed(seeds: Iterable[_Seed]) -> _Seed:
 
 
 def _baseline_seeds(cm: CostModel, space: PlanSpace, obj: Objective,
-                    timings: dict[str, float]) -> list[_Seed]:
+                    timings: dict[str, float], runtime: str = "any") -> list[_Seed]:
     """The Metis-style and Megatron-style plans as seeds, each part's seconds in
     ``timings``. Megatron's may lie outside the space: a stage may mix GPU types."""
     from hetpar.solvers import baselines
@@ -208,30 +227,33 @@ def _baseline_seeds(cm: CostModel, space: PlanSpace, obj: Objective,
     out: list[_Seed] = []
     for name in _BASELINES:
         t0 = time.perf_counter()
-        sol = getattr(baselines, name)(cm, space, obj)
+        sol = getattr(baselines, name)(cm, space, obj,
+                                       **({"runtime": runtime} if name == "megatron" else {}))
         timings[name] = time.perf_counter() - t0
-        out.append((sol.value, sol.plan, name) if sol.found else _NO_SEED)
+        usable = sol.found and (runtime == "any" or not check_plan(sol.plan, runtime))
+        out.append((sol.value, sol.plan, name) if usable else _NO_SEED)
     return out
 
 
 def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
            time_limit: float | None, progress: Callable[[Progress], None] | None,
            executor: SearchExecutor | None, certify: bool = True,
-           starts: list[_Seed] | None = None, starts_s: float = 0.0) -> Solution:
+           starts: list[_Seed] | None = None, starts_s: float = 0.0,
+           runtime: str = "any") -> Solution:
     timings = {"starts": starts_s} if starts else {}
     with few_collections():
         return _exact_search(cm, space, obj, workers, time_limit, progress, executor,
-                             certify, starts or [], timings)
+                             certify, starts or [], timings, runtime)
 
 
 def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   time_limit: float | None, progress: Callable[[Progress], None] | None,
                   executor: SearchExecutor | None, certify: bool, starts: list[_Seed],
-                  timings: dict[str, float]) -> Solution:
+                  timings: dict[str, float], runtime: str = "any") -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
     if not certify:
-        return _deadline_search(cm, space, obj, time_limit, starts, timings)
+        return _deadline_search(cm, space, obj, time_limit, starts, timings, runtime)
     # The first level is listed, ranked and sorted where it is small enough; else its
     # stages are taken lazily, in order of their GPU count (``LIST_STAGES``).
     first_level = space.count_stage_choices(space.capacity)
@@ -247,14 +269,16 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     seed_value, seed_plan, seed_source = _best_seed(starts)
     if workers == 1:
         seed_value, seed_plan, seed_source = _best_seed(
-            [*_baseline_seeds(cm, space, obj, timings), (seed_value, seed_plan, seed_source)])
+            [*_baseline_seeds(cm, space, obj, timings, runtime),
+             (seed_value, seed_plan, seed_source)])
         t0 = time.perf_counter()
-        dive_value, dive_plan = dive(SearchProblem(cm, space, obj, deadline, seed_value),
+        dive_value, dive_plan = dive(SearchProblem(cm, space, obj, deadline, seed_value,
+                                                   runtime),
                                      time.time() + dive_budget, seed_value)
         timings["dive"] = time.perf_counter() - t0
         if dive_plan is not None and dive_value < seed_value:
             seed_value, seed_plan, seed_source = dive_value, dive_plan, "dive"
-    problem = SearchProblem(cm, space, obj, deadline, seed_value)
+    problem = SearchProblem(cm, space, obj, deadline, seed_value, runtime)
     # One task per first stage, also with several workers: each worker builds its own
     # bound tables, and subtrees below one first stage share most of them (tasks below
     # the first two stages made two workers build the same tables twice over).
@@ -453,7 +477,7 @@ def _details(starts: list[_Seed]) -> dict[str, Any]:
 
 def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
                      time_limit: float | None, starts: list[_Seed],
-                     timings: dict[str, float]) -> Solution:
+                     timings: dict[str, float], runtime: str = "any") -> Solution:
     """``solve(certify=False)``: the exact search under a hard deadline (see ``solve``).
 
     The re-planner's plans must not change with this driver's other modes, so this is
@@ -461,12 +485,12 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
     Megatron-style plans), then the first-stage subtrees in ``root_tasks`` order, none
     started once the deadline has passed."""
     start = time.perf_counter()
-    best_v, best_p, found_by = _best_seed([*_baseline_seeds(cm, space, obj, timings),
+    best_v, best_p, found_by = _best_seed([*_baseline_seeds(cm, space, obj, timings, runtime),
                                            *starts])
     caller_s = sum(v for k, v in timings.items() if k != "starts")
     # The deadline counts from after the seeds, as it always has for the re-planner.
     deadline = time.time() + time_limit if time_limit else math.inf
-    problem = SearchProblem(cm, space, obj, deadline, best_v)
+    problem = SearchProblem(cm, space, obj, deadline, best_v, runtime)
     incumbent = LocalIncumbent(best_v)
     bounds = make_bounds(problem)
     counters = Counters()

@@ -200,12 +200,27 @@ def _even_split(total: int, parts: int) -> list[int]:
     return [q + 1 if i < r else q for i in range(parts)]
 
 
+def _ends_split(total: int, parts: int) -> list[int]:
+    """Even, with the remainder on the first and the last part (half each, the first
+    the larger)."""
+    q, r = divmod(total, parts)
+    if parts == 1 or not r:
+        return [q] * parts
+    out = [q] * parts
+    out[0] += (r + 1) // 2
+    out[-1] += r // 2
+    return out
+
+
 # ---- megatron ------------------------------------------------------------------------------
 def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 0,
-             budget: int = 100_000) -> Solution:
+             budget: int = 100_000, runtime: str = "any") -> Solution:
     """Best uniform TP x PP x DP layout over GPUs ranked in host order (module docstring).
 
-    ``seed`` is unused (the grid is deterministic); ``budget`` caps cost-model calls."""
+    ``seed`` is unused (the grid is deterministic); ``budget`` caps cost-model calls.
+    ``runtime="megatron"``: layer splits Megatron-LM can express (the remainder of an
+    uneven split on the first and last stage, not spread over the first stages), so that
+    every layout is one it runs (the host order makes the ranks contiguous already)."""
     del seed
     start = time.perf_counter()
     search = _Search(cm, objective, budget)
@@ -230,7 +245,7 @@ def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int
             if search.exhausted:
                 break
             dp = n // (tp * pp)
-            split = _even_split(layers, pp)
+            split = _ends_split(layers, pp) if runtime == "megatron" else _even_split(layers, pp)
             stages = []
             for s in range(pp):
                 reps = []
@@ -245,6 +260,8 @@ def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int
             for m in space.micro_batch_options([dp]):
                 for rc in training.recompute_modes:
                     for z in training.zero_stages:
+                        if runtime != "any" and z > 1:
+                            continue  # both frameworks run ZeRO 0 or 1 with pipelines
                         if search.exhausted:
                             break
                         before = search.best_plan

@@ -43,6 +43,8 @@ from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds, StageProfile
 from hetpar.solvers.climb import best_move, climb
 from hetpar.problem.space import PlanSpace, StageChoice, SymmetryCheck
+from hetpar.runtime.rules import (allowed_splits, check_plan, get_runtime, stage_extends,
+                                  structure_ok)
 
 __all__ = ["BudgetSearcher", "SearchProblem", "TaskResult", "SEEDS", "SearchExecutor",
            "InlineExecutor", "Incumbent", "search_subtree", "best_split", "root_tasks",
@@ -74,6 +76,9 @@ class SearchProblem:
     objective: Objective
     deadline: float = math.inf  # time.time() after which workers stop
     seed_value: float = math.inf  # a plan of the space already known (e.g. a heuristic's)
+    # The framework the plans must run on (hetpar.runtime.rules): the search visits only
+    # its plans; the bounds, which hold over the whole space, hold over them too.
+    runtime: str = "any"
 
 
 class Incumbent(Protocol):
@@ -135,7 +140,10 @@ class Searcher:
 
     def __post_init__(self) -> None:
         p = self.problem
-        self.zero = max(p.space.zero_stages)
+        self.runtime = get_runtime(p.runtime)
+        # ZeRO-1 is never worse than none (module docstring): the highest the runtime runs.
+        self.zero = max((z for z in p.space.zero_stages if z in self.runtime.zero_stages),
+                        default=min(p.space.zero_stages))
         if self.bounds is None:
             self.bounds = make_bounds(p)
         self.layers = p.cm.model.layers
@@ -234,6 +242,8 @@ class Searcher:
             for i, stage in enumerate(space.stage_choices_by_size(free, sizes=mine)):
                 if not i & 4095:
                     self._check_time()  # runs of non-canonical stages visit no node
+                if not stage_extends(prefix, stage, self.runtime):
+                    continue
                 nxt = sym.extend(stage)
                 if nxt is None:
                     self.counters.pruned_symmetry += k == 0
@@ -241,6 +251,8 @@ class Searcher:
                     self.walk(prefix + (stage,), space.take(free, stage), nxt, opened)
             return
         children = sorted(space.stage_choices(free), key=lambda s: -s.gpus)
+        if not self.runtime.unrestricted:
+            children = [c for c in children if stage_extends(prefix, c, self.runtime)]
         canonical = [(stage, nxt) for stage in children
                      if (nxt := sym.extend(stage)) is not None]
         if k == 0:
@@ -272,7 +284,26 @@ class Searcher:
                         pr.cap for pr in profiles) < 1:
                     self.counters.pruned_memory += 1
                     continue
-                best_split(self, stages, profiles, m, rc)
+                if self.runtime.splits != "any":
+                    self._close_runtime(stages, profiles, m, rc)
+                else:
+                    best_split(self, stages, profiles, m, rc)
+
+    def _close_runtime(self, stages: tuple[StageChoice, ...], profiles: list[StageProfile],
+                       m: int, rc: str) -> None:
+        """The best of the few layer splits the runtime can express (Megatron-LM's even
+        split with its own first and last counts, DeepSpeed's uniform partition), all
+        scored at once."""
+        caps = tuple(min(pr.cap, self.layers) for pr in profiles)
+        splits = allowed_splits(self.layers, caps, self.runtime.splits)
+        if not len(splits):
+            self.counters.pruned_memory += 1
+            return
+        self._check_time()
+        cm, space = self.problem.cm, self.problem.space
+        frame = cm.frame(space.to_plan(stages, tuple(int(n) for n in splits[0]), m, rc,
+                                       self.zero))
+        _score_block(self, stages, frame, cm.split_tables(frame), splits, m, rc)
 
 
 @dataclass
@@ -740,7 +771,7 @@ def root_tasks(problem: SearchProblem, depth: int = 1) -> list[Task]:
              sym: SymmetryCheck) -> None:
         for stage in sorted(space.stage_choices(free), key=lambda s: -s.gpus):
             nxt = sym.extend(stage)
-            if nxt is None:
+            if nxt is None or not stage_extends(prefix, stage, runtime):
                 continue
             here = prefix + (stage,)
             rest = space.take(free, stage)
@@ -750,6 +781,7 @@ def root_tasks(problem: SearchProblem, depth: int = 1) -> list[Task]:
                 out.append(Task(here, expand=False))
                 grow(here, rest, nxt)
 
+    runtime = get_runtime(problem.runtime)
     grow((), space.capacity, SymmetryCheck.start(space))
     return out
 
@@ -878,12 +910,16 @@ def dive(problem: SearchProblem, until: float, incumbent: float | Incumbent = ma
                 s.best_value, s.best_plan = before
         return value, None
 
+    runtime = get_runtime(problem.runtime)
+
     def moves(stages: tuple[StageChoice, ...]) -> list[tuple[StageChoice, ...]]:
-        return _split_moves(stages, layers) + _merge_moves(problem.space, stages)
+        return [mv for mv in _split_moves(stages, layers) + _merge_moves(problem.space, stages)
+                if structure_ok(mv, runtime)]
 
     try:
         # The shallowest structures first: they are the cheapest to close.
-        found = best_move(sorted(dive_structures(problem.space), key=len), score, math.inf)
+        found = best_move(sorted((st for st in dive_structures(problem.space)
+                                  if structure_ok(st, runtime)), key=len), score, math.inf)
         if found is not None:
             climb(found[0], found[1], None, moves, score)
     except _Stop:
@@ -998,8 +1034,10 @@ def _run_seed(problem: SearchProblem, task: Task, incumbent: Incumbent,
     value = math.inf
     if task.seed in ("metis", "megatron"):
         from hetpar.solvers import baselines
-        sol = getattr(baselines, task.seed)(problem.cm, problem.space, problem.objective)
-        if sol.found:
+        sol = getattr(baselines, task.seed)(
+            problem.cm, problem.space, problem.objective,
+            **({"runtime": problem.runtime} if task.seed == "megatron" else {}))
+        if sol.found and not check_plan(sol.plan, problem.runtime):
             value, plan = sol.value, sol.plan
     elif task.seed == "dive":
         value, plan = dive(problem, min(task.until, problem.deadline), incumbent, stop=stop)

@@ -85,11 +85,13 @@ MAX_GLOBAL_BATCH = 1_048_576
 #: in FLOP/s, HBM in TB/s, memory in bytes) and would give iteration times that are off
 #: by orders of magnitude without a word; the catalog loader refuses it, naming the file
 #: and field. The ranges span every GPU made for training, from a 2016 P100 to well past
-#: today's largest (B200: 2,250 dense fp16 TFLOP/s, 180 GB, 8 TB/s).
+#: today's largest (B200: 2,250 dense fp16 TFLOP/s, 180 GB, 8 TB/s), and down to the CPU
+#: a `hetpar profile --device cpu` entry describes (a 2-core VM: 0.05-0.2 TFLOP/s, 5-20
+#: GB/s), still 10^10 from a figure given in FLOP/s or B/s.
 GPU_RANGES: dict[str, tuple[float, float, str]] = {
-    "peak_tflops": (1.0, 50_000.0, "dense TFLOP/s (not FLOP/s)"),
+    "peak_tflops": (0.01, 50_000.0, "dense TFLOP/s (not FLOP/s)"),
     "memory_gib": (1.0, 16_384.0, "GiB (not bytes or MiB)"),
-    "hbm_GBps": (50.0, 200_000.0, "GB/s (not TB/s)"),
+    "hbm_GBps": (1.0, 200_000.0, "GB/s (not TB/s)"),
     "scaleup.GBps": (1.0, 100_000.0, "GB/s per direction"),
     "pcie_GBps": (1.0, 10_000.0, "GB/s per direction"),
 }

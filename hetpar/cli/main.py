@@ -148,6 +148,37 @@ def build_parser() -> argparse.ArgumentParser:
                           "replaced)")
     exp.set_defaults(func=_cmd_export)
 
+    prf = sub.add_parser(
+        "profile", help="measure this machine's device (or your network measurements) into "
+                        "a GPU catalog (or cluster bandwidth) file",
+        description="Time one transformer layer of --model forward and backward on --device "
+                    "for a few micro-batch sizes (torch), fit the cost model's layer time to "
+                    "the measurements, and write a GPU catalog file (--gpus accepts it) whose "
+                    "type reproduces them; with --network, read nccl-tests outputs "
+                    "(all_reduce_perf, sendrecv_perf) or iperf3 --json files you ran between "
+                    "hosts and write the hosts' uplink bandwidth models to merge into a "
+                    "cluster file. Each file says when and where it was measured.")
+    prf.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    prf.add_argument("--model", metavar="FILE|NAME",
+                     help="the model whose layer is timed (device profiles)")
+    prf.add_argument("--seq-len", type=int, default=None, metavar="S",
+                     help="sequence length of the timed layer (default the model's; a CPU "
+                          "takes seconds per layer at 1024)")
+    prf.add_argument("--micro-batches", default="2,4,8", metavar="B,B,...",
+                     help="micro-batch sizes timed (default 2,4,8)")
+    prf.add_argument("--repeats", type=int, default=5,
+                     help="timed runs per size, of which the fastest counts (default 5)")
+    prf.add_argument("--name", default=None,
+                     help="GPU type name of the entry (default profiled-DEVICE)")
+    prf.add_argument("--calibration", metavar="FILE",
+                     help="cost-model constants the entry is made for (default the bundled "
+                          "calibration: use the same file with hetpar estimate)")
+    prf.add_argument("--network", nargs="+", metavar="FILE",
+                     help="nccl-tests outputs or iperf3 --json files to read instead of "
+                          "timing a device")
+    prf.add_argument("--out", required=True, metavar="FILE", help="YAML file to write")
+    prf.set_defaults(func=_cmd_profile)
+
     val = sub.add_parser(
         "validate", help="report the cost model's fidelity on the bundled reference runs",
         description="Calibration error on Megatron-LM SC21 Table 1 and rank correlation, "
@@ -270,6 +301,73 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
         from hetpar.errors import one_line
         print(f"hetpar: warning: {args.runtime} cannot run this plan: {one_line(cannot[0])}",
               file=sys.stderr)
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    import yaml
+
+    from hetpar.fidelity import profile as prof_mod
+
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise ConfigError(str(out), "", "its folder does not exist")
+    if args.network:
+        links = []
+        for name in args.network:
+            path = Path(name)
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                raise ConfigError(name, "", f"cannot read: {exc.strerror}") from None
+            links.append(prof_mod.parse_iperf3(text, name) if text.lstrip().startswith("{")
+                         else prof_mod.parse_nccl_tests(text, name))
+        doc = prof_mod.network_section(links)
+        header = ("# Host uplink bandwidths measured by hetpar profile --network from "
+                  f"{', '.join(args.network)}.\n# Merge each host's uplink (or nic_gbps) "
+                  "into your cluster file's host of that name.\n")
+        out.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        for link in links:
+            console.print(f"{link.name}: mean {link.mean_gbps:.3g} Gb/s, CV {link.cv:.3f} "
+                          f"({link.source})", highlight=False)
+        console.print(f"written to {out}")
+        return 0
+    if not args.model:
+        raise ConfigError("--model", "", "a device profile times one layer of a model: "
+                                         "give --model (or --network FILE ...)")
+    from hetpar.costmodel.constants import load_constants
+    from hetpar.workload.model import load_model
+
+    try:
+        sizes = tuple(int(b) for b in args.micro_batches.split(","))
+    except ValueError:
+        raise ConfigError("--micro-batches", "", f"expected sizes like 1,2,4, got "
+                                                 f"{args.micro_batches!r}") from None
+    if not sizes or min(sizes) < 1 or len(sizes) > 16 or max(sizes) > 1024:
+        raise ConfigError("--micro-batches", "", "1 to 16 sizes, each 1 to 1024")
+    if args.repeats < 1 or args.repeats > 1000:
+        raise ConfigError("--repeats", "", f"must be 1 to 1000, got {args.repeats}")
+    model = load_model(args.model)
+    if args.seq_len is not None and not 1 <= args.seq_len <= model.seq_len:
+        raise ConfigError("--seq-len", "", f"must be 1 to the model's {model.seq_len}")
+    constants = load_constants(args.calibration)
+    prof = prof_mod.profile_device(model, device=args.device, seq_len=args.seq_len,
+                                   micro_batches=sizes, repeats=args.repeats)
+    rates = prof_mod.fit_rates(prof, constants)
+    name = args.name or f"profiled-{args.device.replace(':', '')}"
+    doc = prof_mod.catalog_entry(prof, rates, constants, name)
+    rows = prof_mod.reproduce(prof, doc, constants)
+    header = (f"# GPU catalog entry measured by hetpar profile on {prof.host} at {prof.date}.\n"
+              f"# Use it with: hetpar estimate --gpus {out} ... (hosts with gpu: {name}).\n")
+    out.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100), encoding="utf-8")
+    console.print(f"{prof.device} ({prof.device_name}), {prof.dtype}: one {model.name} layer, "
+                  f"seq {prof.seq_len}; memory copy {prof.stream_GBps:.1f} GB/s; fitted "
+                  f"{rates[0] / 1e12:.3g} TFLOP/s", highlight=False)
+    for b, measured, modelled in rows:
+        console.print(f"  micro-batch {b}: measured {measured * 1e3:.2f} ms, the cost model "
+                      f"with this entry {modelled * 1e3:.2f} ms ({modelled / measured - 1:+.1%})",
+                      highlight=False)
+    console.print(f"written to {out} (GPU type {name})")
     return 0
 
 

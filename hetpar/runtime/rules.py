@@ -38,7 +38,8 @@ from hetpar.errors import ConfigError
 from hetpar.plan import Plan
 
 __all__ = ["Runtime", "RUNTIMES", "get_runtime", "check_plan", "runnable_by", "host_runs",
-           "stage_extends", "structure_ok", "split_ok", "allowed_splits", "uniform_split"]
+           "stage_extends", "structure_ok", "split_ok", "allowed_splits", "uniform_split",
+           "usable_free"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,25 @@ def stage_extends(prefix: Sequence, stage, runtime: Runtime) -> bool:  # noqa: A
     if runtime.contiguous:
         return host_runs([s.hosts for s in prefix] + [stage.hosts]) is not None
     return True
+
+
+def usable_free(prefix: Sequence, free: tuple[int, ...], runtime: Runtime) -> tuple[int, ...]:  # noqa: ANN001
+    """``free`` without the hosts no later stage of ``runtime`` may use: with a host
+    order, every host of the prefix is done but the one the next stage may continue on
+    (any host of the last stage but its entry host, or that host if it is alone)."""
+    if not runtime.contiguous or not prefix:
+        return free
+    last = prefix[-1]
+    entry = None
+    if len(prefix) > 1:
+        shared = set(prefix[-2].hosts) & set(last.hosts)
+        entry = next(iter(shared)) if len(shared) == 1 else None
+    going_on = set(last.hosts) if len(last.hosts) == 1 else set(last.hosts) - {entry}
+    used = {h for st in prefix for h in st.hosts}
+    done = used - going_on
+    if not any(free[h] for h in done):
+        return free
+    return tuple(0 if h in done else f for h, f in enumerate(free))
 
 
 def structure_ok(stages: Sequence, runtime: Runtime) -> bool:  # noqa: ANN001

@@ -44,7 +44,7 @@ from hetpar.solvers.bounds import Bounds, StageProfile
 from hetpar.solvers.climb import best_move, climb
 from hetpar.problem.space import PlanSpace, StageChoice, SymmetryCheck
 from hetpar.runtime.rules import (allowed_splits, check_plan, get_runtime, stage_extends,
-                                  structure_ok)
+                                  structure_ok, usable_free)
 
 __all__ = ["BudgetSearcher", "SearchProblem", "TaskResult", "SEEDS", "SearchExecutor",
            "InlineExecutor", "Incumbent", "search_subtree", "best_split", "root_tasks",
@@ -212,6 +212,9 @@ class Searcher:
         """Search every plan starting with ``prefix``; with ``part = (k, n)`` only the
         k-th of n parts of them (``Task.part``)."""
         self._check_time()
+        # A runtime's host order rules out the hosts the prefix is done with: neither its
+        # extensions nor its bound may count their GPUs.
+        free = usable_free(prefix, free, self.runtime)
         k, n = part
         counted = self.counters
         if k:
@@ -239,6 +242,9 @@ class Searcher:
                 sizes = sorted({tp * d for _, tp, _, room in space.stage_groups(free)
                                 for d in range(1, sum(room) + 1)}, reverse=True)
                 mine = {g for j, g in enumerate(sizes) if j % n == k}
+            if self.runtime.uniform and prefix:
+                # Every stage has the first one's GPU count: the others are never built.
+                mine = {prefix[0].gpus} & (mine if mine is not None else {prefix[0].gpus})
             for i, stage in enumerate(space.stage_choices_by_size(free, sizes=mine)):
                 if not i & 4095:
                     self._check_time()  # runs of non-canonical stages visit no node

@@ -302,3 +302,16 @@ def test_cli_solve_with_a_runtime_returns_a_plan_it_runs(capsys):
     assert doc["optimal"]
     assert check_plan(Plan.from_dict(doc["plan"]), "deepspeed") == []
 
+
+
+def test_cli_plan_with_a_runtime_reports_its_gap_to_the_policys_plan(capsys):
+    pytest.importorskip("torch")
+    code, out, err = run(capsys, "plan", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                         "--runtime", "megatron", "--time-limit", "5", "--no-improve",
+                         "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert check_plan(Plan.from_dict(doc["plan"]), "megatron") == []
+    rt = doc["runtime"]
+    assert rt["name"] == "megatron"
+    assert rt["gap_to_any"] == pytest.approx(doc["value_s"] / rt["any_value_s"] - 1.0)

@@ -67,10 +67,13 @@ def _run_task(task: Task) -> TaskResult:
 
 def _terminate_workers(pool: ProcessPoolExecutor) -> None:
     # The executor has no public way to stop a running task; its worker processes are
-    # in ``_processes`` (CPython 3.8+).
+    # in ``_processes`` (CPython 3.8+). SIGKILL, not SIGTERM: a worker forked a moment
+    # before still runs the parent's SIGTERM handler, which raises in it and printed a
+    # worker's traceback under `hetpar solve` (tests/test_signals.py, now and then).
+    # Workers hold nothing to save: their results reach the caller or are not wanted.
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         try:
-            proc.terminate()
+            proc.kill()
         except (OSError, ValueError):
             pass
 

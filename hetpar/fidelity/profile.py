@@ -80,7 +80,7 @@ def _layer(model: ModelSpec, torch: Any, device: Any, dtype: Any) -> Any:
     head_dim = h // heads
     bias = model.bias
 
-    class Layer(nn.Module):
+    class Layer(nn.Module):  # type: ignore[name-defined]  # torch, imported by the caller
         def __init__(self) -> None:
             super().__init__()
             self.norm1 = nn.LayerNorm(h)
@@ -343,7 +343,7 @@ def network_section(links: Sequence[LinkMeasurement]) -> dict[str, Any]:
     """Hosts' uplink bandwidth models for a cluster file: lognormal with the measured mean
     and coefficient of variation (a measured CV of 0 gives a constant link at the mean:
     set it as the host's ``nic_gbps``)."""
-    hosts = []
+    hosts: list[dict[str, Any]] = []
     for link in links:
         if link.cv > 0:
             up = {"bandwidth": {"kind": "lognormal", "mean_gbps": round(link.mean_gbps, 3),

@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "the shipped policy plans first where torch is installed)")
     sol.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
                      help=RUNTIME_HELP)
+    sol.add_argument("--backend", choices=("local", "ray"), default="local",
+                     help="where the exact search's workers run: local processes (default) "
+                          "or Ray tasks (the ray extra: pip install 'hetpar[ray]')")
+    sol.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                     help="with --backend ray: the Ray cluster to join (auto: the one 'ray "
+                          "start --head' started on this machine); default: a local Ray of "
+                          "--workers CPUs")
     sol.set_defaults(func=_cmd_solve)
 
     exp = sub.add_parser(
@@ -406,6 +413,11 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
     if args.samples < 1:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
+    if args.address is not None and args.backend != "ray":
+        raise ConfigError("--address", "", "is an option of --backend ray")
+    if args.backend == "ray" and args.method != "exact":
+        raise ConfigError("--backend", "", f"ray runs the exact search's workers, not "
+                                           f"--method {args.method}")
     cluster, model, training, constants = _load_instance(args)
     _check_precision(cluster, training)
     out = Path(args.out) if args.out else None
@@ -444,6 +456,11 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
                                            "use --method exact for a runtime's plans")
     if args.method == "exact":
         options.update(starts=starts, policy_start=not args.no_policy_start)
+        if args.backend == "ray":
+            from hetpar.solvers.ray_executor import RayExecutor, connect
+
+            connect(args.address, args.workers)  # refused in one line before any work
+            options["executor"] = RayExecutor(args.workers, args.address)
     try:
         solution = planning.plan(problem, args.method, **options)
     finally:

@@ -1,0 +1,79 @@
+"""The exact search on Ray (hetpar.solvers.ray_executor): the same optimum as the local
+backend, workers that die have their tasks retried, and one-line refusals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hetpar
+from hetpar.problem import Problem
+from hetpar.solvers import solve
+
+from cli_helpers import assert_one_line_error, run
+from test_solvers import tiny_instance
+
+ray = pytest.importorskip("ray")
+
+from hetpar.solvers.ray_executor import RayExecutor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A local Ray of two CPUs for this module; its workers inherit the fault switch."""
+    flag = tmp_path_factory.mktemp("fault") / "died"
+    os.environ["HETPAR_RAY_FAULT"] = f"die-once:{flag}"
+    flag.touch()  # armed per test by removing it
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield flag
+    ray.shutdown()
+    os.environ.pop("HETPAR_RAY_FAULT", None)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ray_finds_the_optimum_the_local_backend_proves(local_ray, seed):
+    cluster, model, training, objective = tiny_instance(seed)
+    problem = Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
+    local = solve(problem, "exact", workers=2)
+    remote = solve(problem, "exact", workers=2, executor=RayExecutor(2))
+    assert remote.certificate.optimal
+    assert remote.value == pytest.approx(local.value, rel=1e-12)
+    assert remote.certificate.workers == 2
+
+
+def test_ray_on_a_bundled_cluster_and_a_worker_that_dies(local_ray):
+    problem = Problem.of(hetpar.load_cluster("amp-het-16"), hetpar.load_model("gpt2-medium"),
+                         hetpar.load_training(), samples=4)
+    local = solve(problem, "exact", workers=2)
+    local_ray.unlink()  # the next task kills its worker; Ray retries it elsewhere
+    remote = solve(problem, "exact", workers=2, executor=RayExecutor(2))
+    assert local_ray.exists(), "no worker died: the fault was not injected"
+    assert remote.certificate.optimal
+    assert remote.value == pytest.approx(local.value, rel=1e-12)
+
+
+def _hetpar(*argv: str) -> tuple[int, str]:
+    # A process of its own: this one may have a Ray session already (the fixture's),
+    # which the command would join instead of the address it is given.
+    proc = subprocess.run([sys.executable, "-m", "hetpar", *argv], capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return proc.returncode, proc.stderr
+
+
+def test_cli_refuses_an_unreachable_cluster_in_one_line():
+    code, err = _hetpar("solve", "--cluster", "trace-demo", "--model", "gpt2-medium",
+                        "--backend", "ray", "--address", "127.0.0.1:1", "--no-policy-start")
+    assert_one_line_error(code, err, "--address", "no Ray cluster reachable")
+
+
+def test_cli_ray_options_are_checked(capsys):
+    code, _, err = run(capsys, "solve", "--cluster", "trace-demo", "--model", "gpt2-medium",
+                       "--address", "auto")
+    assert_one_line_error(code, err, "--address", "--backend ray")
+    code, _, err = run(capsys, "solve", "--cluster", "trace-demo", "--model", "gpt2-medium",
+                       "--backend", "ray", "--method", "metis")
+    assert_one_line_error(code, err, "--backend", "metis")

@@ -27,7 +27,8 @@ def local_ray(tmp_path_factory):
     flag = tmp_path_factory.mktemp("fault") / "died"
     os.environ["HETPAR_RAY_FAULT"] = f"die-once:{flag}"
     flag.touch()  # armed per test by removing it
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=200 * 2**20)
     yield flag
     ray.shutdown()
     os.environ.pop("HETPAR_RAY_FAULT", None)

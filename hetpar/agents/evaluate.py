@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -325,7 +325,8 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
              isolate: bool = True, grace_s: float | None = None, memory_gib: float = 8.0,
              progress: Callable[[int, str], None] | None = None,
              on_start: Callable[[int, str], None] | None = None,
-             reference: Any = None) -> Evaluation:
+             reference: Any = None, backend: str = "local",
+             address: str | None = None) -> Evaluation:
     """Run ``methods`` on instances ``0 .. n-1`` of ``suite`` (a ``Suite`` or its name).
 
     ``bundle`` (a loaded policy) is needed when ``policy`` is among the methods; the
@@ -339,6 +340,12 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     use at most ``memory_gib`` of address space, so one instance on which the search
     does not honour its limit cannot stall or exhaust the machine; such a run counts as
     "no plan" and the instance's gaps are taken against the best plan found.
+
+    ``backend="ray"`` runs each instance (all its methods) as a Ray task of one CPU,
+    ``workers`` instances at a time, each exact search in it on one worker (the cluster at
+    ``address``, or a local Ray of ``workers`` CPUs); the rows are the same as the local
+    backend's where the methods are deterministic, in instance order. ``progress`` is
+    then called per method once its instance is done.
 
     ``reference`` (a loaded ``hetpar.agents.reference.References``) adds each row's gaps
     to the file's entries. It is checked before any method runs: a file for another
@@ -372,50 +379,121 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                         reference=reference.source if reference is not None else "")
     entries = (_reference_entries(reference, suite, instances, obj, k, seed)
                if reference is not None else None)
-    for i, inst in enumerate(instances):
-        # One problem per instance: every method is scored by its states (and shares its
-        # cost model's tables).
-        problem = Problem.from_instance(inst, objective=obj, samples=k, seed=seed)
-        rows: list[Row] = []
-        for m in methods:
-            if on_start is not None:
-                on_start(i, m)
-            res: dict[str, Any] = {}
-            row = Row(suite.name, i, inst.name, inst.num_hosts, inst.cluster.num_gpus,
-                      inst.model.name, m, obj.name, math.inf, 0.0,
-                      inputs=problem.describe())
-            start = time.perf_counter()
-            try:
-                if m == "exact" and isolate:
-                    res = run_exact_isolated(inst, obj.name, k, seed, time_limit, workers,
-                                             grace_s=grace_s, memory_gib=memory_gib)
-                    row.value_s, row.optimal = res["value_s"], res["optimal"]
-                    row.error = res["error"]
-                else:
-                    sol = planning.plan(problem, m, policy=bundle,
-                                        **_options(m, inst, width, workers, budget, time_limit))
-                    row.solution = sol
-                    row.value_s = sol.value if sol.found else math.inf
-                    row.optimal = sol.optimal
-                    if m in POLICY_METHODS:
-                        # The policy's own part (the latency target's "policy inference");
-                        # wall_s holds the whole.
-                        row.inference_s = sol.timings["inference"]
-                    if not sol.found:
-                        row.error = "no plan found"
-            except HetparError as exc:
-                row.error = " ".join(str(exc).split())
-            row.wall_s = time.perf_counter() - start
-            if "wall_s" in res:
-                row.wall_s = res["wall_s"]  # the search itself, without the process start
-            rows.append(row)
-            if progress is not None:
-                progress(i, m)
+    settings = _Settings(suite.name, methods, obj, k, seed, time_limit, workers, budget,
+                         width, isolate, grace_s, memory_gib)
+    if backend == "ray":
+        per_instance = _on_ray(settings, instances, bundle, address, progress)
+    elif backend == "local":
+        per_instance = (_instance_rows(settings, i, inst, bundle, progress, on_start)
+                        for i, inst in enumerate(instances))
+    else:
+        raise ConfigError("", "backend", f"unknown backend {backend!r} (local, ray)")
+    for i, rows in enumerate(per_instance):
         _fill_gaps(rows)
         if entries is not None:
             _fill_reference_gaps(rows, entries.get(i))
         result.rows.extend(rows)
     return result
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every instance's run needs (picklable: it travels to Ray workers)."""
+
+    suite: str
+    methods: tuple[str, ...]
+    objective: Objective
+    samples: int
+    seed: int
+    time_limit: float
+    workers: int
+    budget: int
+    beam: int
+    isolate: bool
+    grace_s: float | None
+    memory_gib: float
+
+
+def _instance_rows(st: _Settings, i: int, inst: Any, bundle: Any,
+                   progress: Callable[[int, str], None] | None = None,
+                   on_start: Callable[[int, str], None] | None = None) -> list[Row]:
+    """Every method on one instance (gaps not filled yet)."""
+    # One problem per instance: every method is scored by its states (and shares its
+    # cost model's tables).
+    problem = Problem.from_instance(inst, objective=st.objective, samples=st.samples,
+                                    seed=st.seed)
+    rows: list[Row] = []
+    for m in st.methods:
+        if on_start is not None:
+            on_start(i, m)
+        res: dict[str, Any] = {}
+        row = Row(st.suite, i, inst.name, inst.num_hosts, inst.cluster.num_gpus,
+                  inst.model.name, m, st.objective.name, math.inf, 0.0,
+                  inputs=problem.describe())
+        start = time.perf_counter()
+        try:
+            if m == "exact" and st.isolate:
+                res = run_exact_isolated(inst, st.objective.name, st.samples, st.seed,
+                                         st.time_limit, st.workers, grace_s=st.grace_s,
+                                         memory_gib=st.memory_gib)
+                row.value_s, row.optimal = res["value_s"], res["optimal"]
+                row.error = res["error"]
+            else:
+                sol = planning.plan(problem, m, policy=bundle,
+                                    **_options(m, inst, st.beam, st.workers, st.budget,
+                                               st.time_limit))
+                row.solution = sol
+                row.value_s = sol.value if sol.found else math.inf
+                row.optimal = sol.optimal
+                if m in POLICY_METHODS:
+                    # The policy's own part (the latency target's "policy inference");
+                    # wall_s holds the whole.
+                    row.inference_s = sol.timings["inference"]
+                if not sol.found:
+                    row.error = "no plan found"
+        except HetparError as exc:
+            row.error = " ".join(str(exc).split())
+        row.wall_s = time.perf_counter() - start
+        if "wall_s" in res:
+            row.wall_s = res["wall_s"]  # the search itself, without the process start
+        rows.append(row)
+        if progress is not None:
+            progress(i, m)
+    return rows
+
+
+def _on_ray(st: _Settings, instances: Sequence[Any], bundle: Any, address: str | None,
+            progress: Callable[[int, str], None] | None) -> list[list[Row]]:
+    """``_instance_rows`` of every instance as Ray tasks, ``st.workers`` in flight. A task
+    whose worker dies is retried by Ray."""
+    from hetpar.solvers.ray_executor import _ray, connect
+
+    ray = _ray()
+    connect(address, st.workers)
+    in_flight = st.workers
+    st = replace(st, workers=1)  # one CPU per instance task, its exact search included
+    remote = ray.remote(num_cpus=1, max_retries=3)(_instance_rows)
+    shared = ray.put(bundle)  # the policy travels once, not with every instance
+    pending: dict[Any, int] = {}
+    out: dict[int, list[Row]] = {}
+    todo = list(enumerate(instances))
+    try:
+        while todo or pending:
+            while todo and len(pending) < in_flight:
+                i, inst = todo.pop(0)
+                pending[remote.remote(st, i, inst, shared)] = i
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in done:
+                i = pending.pop(ref)
+                out[i] = ray.get(ref)
+                if progress is not None:
+                    for m in st.methods:
+                        progress(i, m)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    return [out[i] for i in range(len(instances))]
 
 
 def _reference_entries(reference: Any, suite: Any, instances: Sequence[Any],

@@ -807,6 +807,13 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                          "bounds and best plans")
     ev.add_argument("--no-reference", action="store_true",
                     help="ignore the suite's reference file")
+    ev.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="local (default): instances one after another here; ray: each "
+                         "instance a Ray task, --workers at a time, its exact search on one "
+                         "worker (the ray extra)")
+    ev.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                    help="with --backend ray: the Ray cluster to join (default: a local Ray "
+                         "of --workers CPUs)")
     ev.set_defaults(func=_cmd_evaluate)
 
 
@@ -937,6 +944,8 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     if args.objective is not None:
         Objective.parse(args.objective)
+    if args.address is not None and args.backend != "ray":
+        raise ConfigError("--address", "", "is an option of --backend ray")
     beam = _beam_arg(args.beam, wide=True)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -955,6 +964,10 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         from hetpar.agents.io import load_policy
         bundle = load_policy(args.policy, trust_pickle=args.trust_pickle)
     reference = _evaluate_reference(args, suite)
+    if args.backend == "ray":
+        from hetpar.solvers.ray_executor import connect
+
+        connect(args.address, args.workers)  # refused in one line before any work
 
     from rich import progress as rp
 
@@ -967,6 +980,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             suite, args.n, methods, bundle=bundle, objective=args.objective,
             samples=args.samples, seed=args.seed, time_limit=args.time_limit,
             workers=args.workers, beam=beam, reference=reference,
+            backend=args.backend, address=args.address,
             progress=lambda i, m: bar.update(task, advance=1),
             on_start=lambda i, m: bar.update(task, description=f"{suite.name} #{i}: {m}"))
     paths = write_outputs(result, out)

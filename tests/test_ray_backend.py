@@ -99,3 +99,20 @@ def test_evaluate_on_ray_gives_the_local_rows(local_ray):
         return [None if math.isnan(r.gap) else r.gap for r in rows]
 
     assert gaps(remote.rows) == gaps(local.rows)
+
+
+def test_reference_build_on_ray_saves_each_entry_and_resumes(local_ray, tmp_path):
+    from hetpar.agents.reference import build, load_references
+
+    out = tmp_path / "ref.json"
+    report = build("test-iid", 2, time_limit=1.0, workers=1, out=out, seeds=("metis",),
+                   grace_s=5.0, backend="ray", jobs=2)
+    assert sorted(report.solved) == [0, 1]
+    refs = load_references(out)
+    assert sorted(refs.entries) == [0, 1]
+    for entry in refs.entries.values():
+        assert entry.plan is not None
+        assert entry.value_s <= entry.seeds["metis"] * (1 + 1e-12)  # never worse than a seed
+    again = build("test-iid", 2, time_limit=1.0, workers=1, out=out, seeds=("metis",),
+                  grace_s=5.0, backend="ray", jobs=2)
+    assert again.skipped == [0, 1] and not again.solved

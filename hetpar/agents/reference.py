@@ -450,14 +450,20 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
           seeds: Sequence[str] = DEFAULT_SEEDS, policy: Any = None,
           grace_s: float | None = None, memory_gib: float = 8.0, retry: bool = False,
           trust_pickle: bool = False,
-          log: Callable[[str], None] | None = None) -> BuildReport:
+          log: Callable[[str], None] | None = None, backend: str = "local",
+          address: str | None = None, jobs: int = 1) -> BuildReport:
     """Build (or resume) the reference file of instances ``0 .. n-1`` of ``suite``.
 
     An existing file at ``out`` (default ``default_path``) must match the suite, the cost
     model, the objective, samples and seed (ConfigError otherwise); its entries for this
     suite's instances are kept and skipped, or with ``retry`` those not proven optimal
     are solved again from their stored plan and merged (``merge``). The file is saved
-    after every instance."""
+    after every instance.
+
+    ``backend="ray"``: the instances are Ray tasks of ``workers`` CPUs each (their exact
+    search's workers), ``jobs`` at a time, on the cluster at ``address`` (default a local
+    Ray); each entry is saved as its task ends, so an interrupted build keeps what had
+    ended, as locally."""
     if isinstance(suite, (str, Path)):
         from hetpar.problem.generator import load_suite
         suite = load_suite(suite)
@@ -484,8 +490,11 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
     if any(m.startswith("policy") for m in seeds) and not hasattr(policy, "env_kwargs"):
         from hetpar.agents.io import load_policy
         policy = load_policy(policy, trust_pickle=trust_pickle)
+    if backend not in ("local", "ray"):
+        raise ConfigError("", "backend", f"unknown backend {backend!r} (local, ray)")
     report = BuildReport(refs)
     start = time.perf_counter()
+    todo: list[tuple[int, Any, Entry | None, tuple[tuple[str, Plan], ...]]] = []
     for i in range(n):
         inst = suite.instance(i)
         old = refs.entries.get(i)
@@ -499,14 +508,16 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
         if any(m.startswith("policy") for m in seeds):
             from hetpar.agents.planner import check_hosts
             check_hosts(policy, inst, f"{suite.name} instance {inst.name}")
-        problem = Problem.from_instance(inst, objective=obj, samples=samples, seed=seed)
         starts: tuple[tuple[str, Plan], ...] = ()
         if old is not None:
             assert old.plan is not None
             starts = (("reference", Plan.from_dict(old.plan)),)
-        entry = solve_instance(problem, inst, i, time_limit=time_limit, workers=workers,
-                               seeds=seeds, policy=policy, grace_s=grace_s,
-                               memory_gib=memory_gib, starts=starts)
+        todo.append((i, inst, old, starts))
+    options = {"objective": obj, "samples": samples, "seed": seed, "time_limit": time_limit,
+               "workers": workers, "seeds": tuple(seeds), "grace_s": grace_s,
+               "memory_gib": memory_gib}
+
+    def record(i: int, old: Entry | None, entry: Entry) -> None:
         if old is not None:
             entry = merge(old, entry)
             report.retried.append(i)
@@ -515,8 +526,53 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
         report.solved.append(i)
         if log:
             log(_entry_line(entry))
+
+    if backend == "ray":
+        _build_on_ray(todo, options, policy, address, jobs, record)
+    else:
+        for i, inst, old, starts in todo:
+            record(i, old, _solve_job(i, inst, starts, options, policy))
     report.wall_s = time.perf_counter() - start
     return report
+
+
+def _solve_job(i: int, inst: Any, starts: tuple[tuple[str, Plan], ...],
+               options: dict[str, Any], policy: Any) -> Entry:
+    """One instance's entry (``solve_instance``), as both backends run it."""
+    problem = Problem.from_instance(inst, objective=options["objective"],
+                                    samples=options["samples"], seed=options["seed"])
+    return solve_instance(problem, inst, i, time_limit=options["time_limit"],
+                          workers=options["workers"], seeds=options["seeds"], policy=policy,
+                          grace_s=options["grace_s"], memory_gib=options["memory_gib"],
+                          starts=starts)
+
+
+def _build_on_ray(todo: list[tuple[int, Any, Entry | None, tuple[tuple[str, Plan], ...]]],
+                  options: dict[str, Any], policy: Any, address: str | None, jobs: int,
+                  record: Callable[[int, Entry | None, Entry], None]) -> None:
+    """``_solve_job`` of each instance as a Ray task, ``jobs`` in flight, each recorded
+    (and the file saved) as it ends. A task whose worker dies is retried by Ray."""
+    from hetpar.solvers.ray_executor import _ray, connect
+
+    ray = _ray()
+    connect(address, max(jobs, 1) * options["workers"])
+    remote = ray.remote(num_cpus=options["workers"], max_retries=3)(_solve_job)
+    shared = ray.put(policy)
+    pending: dict[Any, tuple[int, Entry | None]] = {}
+    queue = list(todo)
+    try:
+        while queue or pending:
+            while queue and len(pending) < max(jobs, 1):
+                i, inst, old, starts = queue.pop(0)
+                pending[remote.remote(i, inst, starts, options, shared)] = (i, old)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in done:
+                i, old = pending.pop(ref)
+                record(i, old, ray.get(ref))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
 
 
 def _entry_line(e: Entry) -> str:

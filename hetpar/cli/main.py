@@ -1192,6 +1192,14 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--retry", action="store_true",
                    help="solve the stored entries not proven optimal again, their plan among "
                         "the starts; keep the better plan and the higher bound")
+    b.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local (default): one instance after another here; ray: each "
+                        "instance a Ray task of --workers CPUs, --jobs at a time, saved as "
+                        "each ends (the ray extra)")
+    b.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="with --backend ray: the Ray cluster to join (default: a local Ray)")
+    b.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="with --backend ray: instances solved at a time (default 1)")
     b.set_defaults(func=_cmd_reference_build)
     c = rsub.add_parser(
         "check", help="re-score every stored plan and report what is stale",
@@ -1221,6 +1229,15 @@ def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
     if args.grace is not None and args.grace < 0:
         raise ConfigError("--grace", "", f"must not be negative, got {args.grace:g}")
+    if args.jobs < 1:
+        raise ConfigError("--jobs", "", f"must be at least 1, got {args.jobs}")
+    if args.backend != "ray" and (args.address is not None or args.jobs != 1):
+        raise ConfigError("--address" if args.address is not None else "--jobs", "",
+                          "is an option of --backend ray")
+    if args.backend == "ray":
+        from hetpar.solvers.ray_executor import connect
+
+        connect(args.address, args.jobs * args.workers)  # refused before any work
     seeds = [m.strip() for m in args.seeds.split(",") if m.strip()]
     from hetpar.problem.generator import load_suite
 
@@ -1233,7 +1250,8 @@ def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
                    out=args.out, objective=args.objective,
                    samples=args.samples if args.samples is not None else POLICY_SAMPLES,
                    seed=args.seed, seeds=seeds, policy=args.policy, grace_s=args.grace,
-                   retry=args.retry, trust_pickle=args.trust_pickle, log=log)
+                   retry=args.retry, trust_pickle=args.trust_pickle, log=log,
+                   backend=args.backend, address=args.address, jobs=args.jobs)
     refs = report.references
     done = [refs.entries[i] for i in range(args.n) if i in refs.entries]
     again = f" ({len(report.retried)} of them again)" if report.retried else ""

@@ -30,7 +30,7 @@ import csv
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -381,6 +381,7 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
                if reference is not None else None)
     settings = _Settings(suite.name, methods, obj, k, seed, time_limit, workers, budget,
                          width, isolate, grace_s, memory_gib)
+    per_instance: Iterable[list[Row]]
     if backend == "ray":
         per_instance = _on_ray(settings, instances, bundle, address, progress)
     elif backend == "local":

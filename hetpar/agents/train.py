@@ -362,7 +362,7 @@ def _make_env_fn(suite: str, env: Mapping[str, Any], rank: int, seed: int,
 
 def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
                  workers: int | None = None, reward_refs: dict[str, float] | None = None,
-                 ) -> Any:
+                 backend: str = "local", address: str | None = None) -> Any:
     """The training environments of ``cfg``, as ``hetpar train`` runs them: ``n_envs``
     ``PlanBuilderEnv``s in ``workers`` subprocesses (``GroupedVecEnv``; by default one
     per core, at most one per environment), or in this process (``DummyVecEnv``) for one.
@@ -370,7 +370,9 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
     ``wrap`` (picklable) wraps each bare environment inside its worker, under the
     training wrappers; benchmarks use it to time the environment where it runs.
     ``reward_refs``: the ``log_metis`` reward's references (``shaping.reference_table``),
-    else each worker computes them as it meets the instances."""
+    else each worker computes them as it meets the instances. ``backend="ray"``: the
+    groups of environments are Ray actors (``RayVecEnv``) on the cluster at ``address``
+    (default a local Ray), the learner stays here."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from hetpar.agents.vecenv import GroupedVecEnv
@@ -391,6 +393,12 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
             "cache_size": max(CACHE_SIZE, cfg.env["instances"] or 0)}
     fns = [_make_env_fn(cfg.suite, pool, rank,
                         cfg.seed, cfg.n_envs > 1, wrap) for rank in range(cfg.n_envs)]
+    if backend not in ("local", "ray"):
+        raise ConfigError("", "backend", f"unknown backend {backend!r} (local, ray)")
+    if backend == "ray":
+        from hetpar.agents.vecenv import RayVecEnv
+
+        return RayVecEnv(fns, workers, address)
     return GroupedVecEnv(fns, workers) if cfg.n_envs > 1 else DummyVecEnv(fns)
 
 
@@ -484,7 +492,8 @@ def policy_meta(cfg: TrainConfig, run_name: str, timesteps: int,
 
 def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path = "runs",
           resume: bool = False, overwrite: bool = False, trust_pickle: bool = False,
-          progress: bool = True, log: Callable[[str], None] | None = None) -> TrainResult:
+          progress: bool = True, log: Callable[[str], None] | None = None,
+          backend: str = "local", address: str | None = None) -> TrainResult:
     """Train (or, with ``resume``, continue) a run; returns where everything went.
 
     The run folder is locked for the run (``runfolder.RunLock``): a second run on it is
@@ -493,7 +502,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
     during training saves ``interrupted_policy.zip`` in the run folder and returns with
     ``interrupted=True``; ``resume`` continues from the newest checkpoint that loads,
     skipping damaged ones with a line each. ``trust_pickle``: ``init_policy`` may be a
-    format-1 (pickled) file."""
+    format-1 (pickled) file. ``backend="ray"``: the environments run as Ray actors
+    (``make_vec_env``), on the cluster at ``address`` or a local Ray."""
     from hetpar.agents.runfolder import RunLock
 
     runs = Path(runs_dir)
@@ -513,7 +523,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
                                             f"({exc.strerror or exc})") from None
     try:
         return _train_locked(cfg, name, runs, run_dir, resume=resume, overwrite=overwrite,
-                             trust_pickle=trust_pickle, progress=progress, log=log)
+                             trust_pickle=trust_pickle, progress=progress, log=log,
+                             backend=backend, address=address)
     finally:
         lock.release()
         if created and run_dir.is_dir() and not any(run_dir.iterdir()):
@@ -522,7 +533,8 @@ def train(cfg: TrainConfig, *, run_name: str | None = None, runs_dir: str | Path
 
 def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, resume: bool,
                   overwrite: bool, trust_pickle: bool, progress: bool,
-                  log: Callable[[str], None] | None) -> TrainResult:
+                  log: Callable[[str], None] | None, backend: str = "local",
+                  address: str | None = None) -> TrainResult:
     import torch
     from stable_baselines3.common.callbacks import CallbackList
 
@@ -584,7 +596,7 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
                                       samples=samples, cache=cache,
                                       workers=max(1, min(cfg.n_envs, os.cpu_count() or 1)),
                                       log=say)
-    vec_env = make_vec_env(cfg, reward_refs=reward_refs)
+    vec_env = make_vec_env(cfg, reward_refs=reward_refs, backend=backend, address=address)
 
     # Fixed evaluation set, with exact and metis values computed once per run folder.
     ev = cfg.eval

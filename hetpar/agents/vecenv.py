@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (CloudpickleWrapper, V
                                                            VecEnvStepReturn)
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
-__all__ = ["GroupedVecEnv", "default_workers"]
+__all__ = ["GroupedVecEnv", "RayVecEnv", "EnvGroup", "default_workers"]
 
 _MASKS = "action_masks"
 
@@ -51,80 +51,118 @@ def _masks(env: gym.Env) -> np.ndarray:
     return np.asarray(env.get_wrapper_attr(_MASKS)())
 
 
-def _worker(remote: Any, parent_remote: Any, fns: CloudpickleWrapper) -> None:
-    from stable_baselines3.common.env_util import is_wrapped
+class EnvGroup:
+    """Several environments stepped in turn, answering with stacked arrays and the new
+    states' action masks: what a ``GroupedVecEnv`` worker process (or a ``RayVecEnv``
+    actor) holds."""
 
+    def __init__(self, fns: Sequence[Callable[[], gym.Env]]) -> None:
+        self.envs = [_patch_env(fn()) for fn in fns]
+        # Environments of one group share their per-instance tables where they can (the
+        # same instances and settings): each instance's are then built once per group.
+        first = self.envs[0].unwrapped
+        for env in self.envs[1:]:
+            if hasattr(env.unwrapped, "share_contexts") and hasattr(first, "share_contexts"):
+                env.unwrapped.share_contexts(first)
+        # Each environment's last reset info, sent with every step (as SubprocVecEnv does).
+        self.reset_infos: list[dict[str, Any]] = [{} for _ in self.envs]
+
+    def step(self, actions: Sequence[Any]) -> tuple:
+        observations, rewards, dones, infos = [], [], [], []
+        for i, (env, action) in enumerate(zip(self.envs, actions)):
+            obs, reward, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+            info["TimeLimit.truncated"] = truncated and not terminated
+            if done:
+                info["terminal_observation"] = obs
+                obs, self.reset_infos[i] = env.reset()
+            observations.append(obs)
+            rewards.append(reward)
+            dones.append(done)
+            infos.append(info)
+        return (_stack(observations), rewards, dones, infos, list(self.reset_infos),
+                np.stack([_masks(env) for env in self.envs]))
+
+    def reset(self, seeds_options: Sequence[tuple[Any, Any]]) -> tuple:
+        observations = []
+        for i, (seed, options) in enumerate(seeds_options):
+            obs, self.reset_infos[i] = self.envs[i].reset(
+                seed=seed, **({"options": options} if options else {}))
+            observations.append(obs)
+        return (_stack(observations), list(self.reset_infos),
+                np.stack([_masks(env) for env in self.envs]))
+
+    def env_method(self, local: Sequence[int], name: str, args: tuple, kwargs: dict) -> list:
+        return [self.envs[i].get_wrapper_attr(name)(*args, **kwargs) for i in local]
+
+    def get_attr(self, local: Sequence[int], name: str) -> list:
+        return [self.envs[i].get_wrapper_attr(name) for i in local]
+
+    def has_attr(self, name: str) -> bool:
+        found = True
+        for env in self.envs:
+            try:
+                env.get_wrapper_attr(name)
+            except AttributeError:
+                found = False
+        return found
+
+    def set_attr(self, local: Sequence[int], name: str, value: Any) -> list:
+        for i in local:
+            setattr(self.envs[i], name, value)
+        return [None] * len(local)
+
+    def is_wrapped(self, local: Sequence[int], wrapper: type) -> list:
+        from stable_baselines3.common.env_util import is_wrapped
+
+        return [is_wrapped(self.envs[i], wrapper) for i in local]
+
+    def render(self) -> list:
+        return [env.render() for env in self.envs]
+
+    def spaces(self) -> tuple:
+        return self.envs[0].observation_space, self.envs[0].action_space
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def handle(self, cmd: str, data: Any) -> Any:
+        """One command of the vectorised environment (``GroupedVecEnv._ask``'s)."""
+        if cmd == "step":
+            return self.step(data)
+        if cmd == "reset":
+            return self.reset(data)
+        if cmd == "env_method":
+            return self.env_method(*data)
+        if cmd == "get_attr":
+            return self.get_attr(*data)
+        if cmd == "has_attr":
+            return self.has_attr(data)
+        if cmd == "set_attr":
+            return self.set_attr(*data)
+        if cmd == "is_wrapped":
+            return self.is_wrapped(*data)
+        if cmd == "render":
+            return self.render()
+        if cmd == "get_spaces":
+            return self.spaces()
+        raise NotImplementedError(f"{cmd!r} is not a command of the worker")
+
+
+def _worker(remote: Any, parent_remote: Any, fns: CloudpickleWrapper) -> None:
     parent_remote.close()
-    envs = [_patch_env(fn()) for fn in fns.var]
-    # Environments of one process share their per-instance tables where they can (the
-    # same instances and settings): each instance's are then built once per process.
-    first = envs[0].unwrapped
-    for env in envs[1:]:
-        if hasattr(env.unwrapped, "share_contexts") and hasattr(first, "share_contexts"):
-            env.unwrapped.share_contexts(first)
-    # Each environment's last reset info, sent with every step (as SubprocVecEnv does).
-    reset_infos: list[dict[str, Any]] = [{} for _ in envs]
+    group = EnvGroup(fns.var)
     while True:
         try:
             cmd, data = remote.recv()
         except (EOFError, KeyboardInterrupt):
             break
-        if cmd == "step":
-            observations, rewards, dones, infos = [], [], [], []
-            for i, (env, action) in enumerate(zip(envs, data)):
-                obs, reward, terminated, truncated, info = env.step(action)
-                done = terminated or truncated
-                info["TimeLimit.truncated"] = truncated and not terminated
-                if done:
-                    info["terminal_observation"] = obs
-                    obs, reset_infos[i] = env.reset()
-                observations.append(obs)
-                rewards.append(reward)
-                dones.append(done)
-                infos.append(info)
-            remote.send((_stack(observations), rewards, dones, infos, list(reset_infos),
-                         np.stack([_masks(env) for env in envs])))
-        elif cmd == "reset":
-            observations = []
-            for i, (seed, options) in enumerate(data):
-                obs, reset_infos[i] = envs[i].reset(
-                    seed=seed, **({"options": options} if options else {}))
-                observations.append(obs)
-            remote.send((_stack(observations), list(reset_infos),
-                         np.stack([_masks(env) for env in envs])))
-        elif cmd == "env_method":
-            local, name, args, kwargs = data
-            remote.send([envs[i].get_wrapper_attr(name)(*args, **kwargs) for i in local])
-        elif cmd == "get_attr":
-            local, name = data
-            remote.send([envs[i].get_wrapper_attr(name) for i in local])
-        elif cmd == "has_attr":
-            found = True
-            for env in envs:
-                try:
-                    env.get_wrapper_attr(data)
-                except AttributeError:
-                    found = False
-            remote.send(found)
-        elif cmd == "set_attr":
-            local, name, value = data
-            for i in local:
-                setattr(envs[i], name, value)
-            remote.send([None] * len(local))
-        elif cmd == "is_wrapped":
-            local, wrapper = data
-            remote.send([is_wrapped(envs[i], wrapper) for i in local])
-        elif cmd == "render":
-            remote.send([env.render() for env in envs])
-        elif cmd == "get_spaces":
-            remote.send((envs[0].observation_space, envs[0].action_space))
-        elif cmd == "close":
-            for env in envs:
-                env.close()
+        if cmd == "close":
+            group.close()
             remote.close()
             break
-        else:
-            raise NotImplementedError(f"{cmd!r} is not a command of the worker")
+        remote.send(group.handle(cmd, data))
 
 
 class GroupedVecEnv(VecEnv):
@@ -135,19 +173,7 @@ class GroupedVecEnv(VecEnv):
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], workers: int | None = None,
                  start_method: str | None = None) -> None:
-        n = len(env_fns)
-        if n < 1:
-            raise ValueError("GroupedVecEnv needs at least one environment")
-        workers = default_workers(n) if workers is None else max(1, min(int(workers), n))
-        # Contiguous groups as even as they can be: the first n % workers get one more.
-        sizes = [n // workers + (w < n % workers) for w in range(workers)]
-        self._groups: list[range] = []
-        start = 0
-        for size in sizes:
-            self._groups.append(range(start, start + size))
-            start += size
-        self._where = [(w, i - group.start) for w, group in enumerate(self._groups)
-                       for i in group]
+        n = self._plan_groups(env_fns, workers)
         if start_method is None:
             start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() \
                 else "spawn"
@@ -161,28 +187,56 @@ class GroupedVecEnv(VecEnv):
             process.start()
             self.processes.append(process)
             work_remote.close()
+        self._start(n)
+
+    def _plan_groups(self, env_fns: Sequence[Callable[[], gym.Env]],
+                     workers: int | None) -> int:
+        n = len(env_fns)
+        if n < 1:
+            raise ValueError(f"{type(self).__name__} needs at least one environment")
+        workers = default_workers(n) if workers is None else max(1, min(int(workers), n))
+        # Contiguous groups as even as they can be: the first n % workers get one more.
+        sizes = [n // workers + (w < n % workers) for w in range(workers)]
+        self._groups: list[range] = []
+        start = 0
+        for size in sizes:
+            self._groups.append(range(start, start + size))
+            start += size
+        self._where = [(w, i - group.start) for w, group in enumerate(self._groups)
+                       for i in group]
+        return n
+
+    def _start(self, n: int) -> None:
         self.waiting = False
         self.closed = False
         self._masks: np.ndarray | None = None
-        self.remotes[0].send(("get_spaces", None))
-        observation_space, action_space = self.remotes[0].recv()
+        observation_space, action_space = self._collect([self._submit(0, "get_spaces", None)])[0]
         if not isinstance(observation_space, gym.spaces.Dict):
-            raise ValueError("GroupedVecEnv stacks Dict observations only")
+            raise ValueError(f"{type(self).__name__} stacks Dict observations only")
         super().__init__(n, observation_space, action_space)
+
+    # How commands reach a group and come back (a pipe to a process here; ``RayVecEnv``:
+    # an actor's method).
+    def _submit(self, worker: int, cmd: str, data: Any) -> Any:
+        self.remotes[worker].send((cmd, data))
+        return worker
+
+    def _collect(self, handles: Sequence[Any]) -> list[Any]:
+        return [self.remotes[w].recv() for w in handles]
 
     @property
     def workers(self) -> int:
-        return len(self.remotes)
+        return len(self._groups)
 
     # ---- stepping ------------------------------------------------------------------------
     def step_async(self, actions: np.ndarray) -> None:
-        for remote, group in zip(self.remotes, self._groups):
-            remote.send(("step", [actions[i] for i in group]))
+        self._pending = [self._submit(w, "step", [actions[i] for i in group])
+                         for w, group in enumerate(self._groups)]
         self.waiting = True
         self._masks = None
 
     def step_wait(self) -> VecEnvStepReturn:
-        results = [remote.recv() for remote in self.remotes]
+        results = self._collect(self._pending)
         self.waiting = False
         obs = {key: np.concatenate([r[0][key] for r in results]) for key in results[0][0]}
         # As SubprocVecEnv stacks them (float64 rewards).
@@ -194,9 +248,9 @@ class GroupedVecEnv(VecEnv):
         return obs, rewards, dones, infos
 
     def reset(self) -> VecEnvObs:
-        for remote, group in zip(self.remotes, self._groups):
-            remote.send(("reset", [(self._seeds[i], self._options[i]) for i in group]))
-        results = [remote.recv() for remote in self.remotes]
+        results = self._collect([
+            self._submit(w, "reset", [(self._seeds[i], self._options[i]) for i in group])
+            for w, group in enumerate(self._groups)])
         self._reset_seeds()
         self._reset_options()
         self.reset_infos = [x for r in results for x in r[1]]
@@ -207,8 +261,7 @@ class GroupedVecEnv(VecEnv):
         if self.closed:
             return
         if self.waiting:
-            for remote in self.remotes:
-                remote.recv()
+            self._collect(self._pending)
         for remote in self.remotes:
             remote.send(("close", None))
         for process in self.processes:
@@ -229,10 +282,9 @@ class GroupedVecEnv(VecEnv):
         """One command to the workers holding ``indices``; answers in index order."""
         wanted = list(self._get_indices(indices))
         asked = self._by_worker(wanted)
-        for worker, local in asked.items():
-            self.remotes[worker].send((cmd, (local, *payload)))
-        answers = {worker: dict(zip(local, self.remotes[worker].recv()))
-                   for worker, local in asked.items()}
+        handles = [self._submit(worker, cmd, (local, *payload)) for worker, local in asked.items()]
+        answers = {worker: dict(zip(local, reply))
+                   for (worker, local), reply in zip(asked.items(), self._collect(handles))}
         return [answers[self._where[i][0]][self._where[i][1]] for i in wanted]
 
     def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
@@ -253,15 +305,48 @@ class GroupedVecEnv(VecEnv):
         self._ask("set_attr", indices, attr_name, value)
 
     def has_attr(self, attr_name: str) -> bool:
-        for remote in self.remotes:
-            remote.send(("has_attr", attr_name))
-        return all([remote.recv() for remote in self.remotes])
+        return all(self._collect([self._submit(w, "has_attr", attr_name)
+                                  for w in range(self.workers)]))
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper],
                        indices: VecEnvIndices = None) -> list[bool]:
         return self._ask("is_wrapped", indices, wrapper_class)
 
     def get_images(self) -> Sequence[np.ndarray | None]:
-        for remote in self.remotes:
-            remote.send(("render", None))
-        return [image for remote in self.remotes for image in remote.recv()]
+        replies = self._collect([self._submit(w, "render", None) for w in range(self.workers)])
+        return [image for reply in replies for image in reply]
+
+
+class RayVecEnv(GroupedVecEnv):
+    """``GroupedVecEnv`` with its groups in Ray actors (one CPU each) instead of local
+    processes, on the cluster ``hetpar.solvers.ray_executor.connect`` joined: the
+    environments' side of training spread over machines, the learner in this process.
+    Environment ``i`` computes what it computes in a ``GroupedVecEnv`` (tested)."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], workers: int | None = None,
+                 address: str | None = None) -> None:
+        from hetpar.solvers.ray_executor import _ray, connect
+
+        n = self._plan_groups(env_fns, workers)
+        connect(address, len(self._groups))
+        self._ray = _ray()
+        actor = self._ray.remote(num_cpus=1)(EnvGroup)
+        # Each actor builds its environments from the factories (cloudpickled by Ray).
+        self.actors = [actor.remote([env_fns[i] for i in group]) for group in self._groups]
+        self._start(n)
+
+    def _submit(self, worker: int, cmd: str, data: Any) -> Any:
+        return self.actors[worker].handle.remote(cmd, data)
+
+    def _collect(self, handles: Sequence[Any]) -> list[Any]:
+        return list(self._ray.get(list(handles)))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.waiting:
+            self._collect(self._pending)
+        self._ray.get([a.close.remote() for a in self.actors])
+        for a in self.actors:
+            self._ray.kill(a)
+        self.closed = True

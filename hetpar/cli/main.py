@@ -1024,6 +1024,12 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                     help="let finetune.init_policy be a policy file of format 1 "
                          "(stable-baselines3's pickled zip), which can run code when loaded")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="where the environments run: local worker processes (default) or "
+                         "Ray actors, one per group of environments (the ray extra); the "
+                         "learner stays in this process")
+    tr.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                    help="with --backend ray: the Ray cluster to join (default: a local Ray)")
     tr.set_defaults(func=_cmd_train)
 
 
@@ -1050,9 +1056,16 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
         cfg = load_train_config(args.config)
         name = args.run_name
     cfg = cfg.with_overrides(timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs)
+    if args.address is not None and args.backend != "ray":
+        raise ConfigError("--address", "", "is an option of --backend ray")
+    if args.backend == "ray":
+        from hetpar.solvers.ray_executor import connect
+
+        connect(args.address, cfg.n_envs)  # refused in one line before the run starts
     result = train(cfg, run_name=name, runs_dir=args.runs_dir, resume=bool(args.resume),
                    overwrite=args.overwrite, trust_pickle=args.trust_pickle,
-                   progress=not args.no_progress, log=lambda m: console.print(m, highlight=False))
+                   progress=not args.no_progress, log=lambda m: console.print(m, highlight=False),
+                   backend=args.backend, address=args.address)
     if result.interrupted:
         return 130
     console.print(f"run folder: {result.run_dir}  (tensorboard --logdir {result.run_dir.parent})")

@@ -259,6 +259,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2048, help="PPO timesteps before timing")
     ap.add_argument("--n-envs", type=int, default=None, help="override the config's n_envs")
     ap.add_argument("--torch-threads", type=int, default=None)
+    ap.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="where the environments run (hetpar train --backend)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="change the config, e.g. ppo.n_steps=64 (repeatable)")
@@ -284,7 +286,8 @@ def main() -> None:
             shutil.copytree(args.reward_cache, Path(runs) / "reward-cache")
         if profiler:
             profiler.enable()
-        result = train(cfg, run_name="bench", runs_dir=runs, progress=False)
+        result = train(cfg, run_name="bench", runs_dir=runs, progress=False,
+                       backend=args.backend)
         if profiler:
             profiler.disable()
     if result.interrupted or not clock.on:

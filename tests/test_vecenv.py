@@ -80,3 +80,14 @@ def test_grouped_environments_answer_by_index() -> None:
     finally:
         venv.close()
     assert 1 <= default_workers(64) <= 64 and default_workers(1) == 1
+
+
+def test_default_worker_count_starts() -> None:
+    """``workers=None`` (what ``hetpar train`` passes): one process per core."""
+    venv = GroupedVecEnv(_fns(3))
+    try:
+        assert venv.workers == default_workers(3)
+        venv.seed(0)
+        assert venv.reset()["hosts"].shape[0] == 3
+    finally:
+        venv.close()

@@ -178,7 +178,7 @@ class GroupedVecEnv(VecEnv):
             start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() \
                 else "spawn"
         ctx = mp.get_context(start_method)
-        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in range(workers)])
+        self.remotes, work_remotes = zip(*[ctx.Pipe() for _ in self._groups])
         self.processes = []
         for group, work_remote, remote in zip(self._groups, work_remotes, self.remotes):
             fns = CloudpickleWrapper([env_fns[i] for i in group])

@@ -171,3 +171,22 @@ def test_a_short_training_run_with_its_environments_on_ray(local_ray, tmp_path):
     run = tmp_path / "ray"
     assert load_policy(run / "checkpoints" / "policy_256_steps.zip").meta["timesteps"] == 256
     assert (run / "final_policy.zip").is_file()
+
+
+def test_expert_plans_on_ray_are_the_local_ones(local_ray, tmp_path):
+    """The imitation's expert plans computed as Ray tasks: the same plans as locally, in
+    a cache a local run then reads without recomputing."""
+    from hetpar.agents.imitation import ImitationConfig, expert_plans
+
+    cfg = ImitationConfig(experts=("metis", "megatron"), workers=2)
+    local = expert_plans("tiny", range(4), objective="mean", samples=8, cfg=cfg,
+                         cache=tmp_path / "local.jsonl")
+    cache = tmp_path / "ray.jsonl"
+    remote = expert_plans("tiny", range(4), objective="mean", samples=8, cfg=cfg,
+                          cache=cache, backend="ray")
+    assert {i: p.to_dict() for i, p in remote.items()} == {i: p.to_dict()
+                                                           for i, p in local.items()}
+    assert len(cache.read_text().splitlines()) == 5
+    again = expert_plans("tiny", range(4), objective="mean", samples=8, cfg=cfg, cache=cache)
+    assert {i: p.to_dict() for i, p in again.items()} == {i: p.to_dict()
+                                                          for i, p in local.items()}

@@ -119,7 +119,8 @@ def _worker_init() -> None:
 def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples: int,
                  cfg: ImitationConfig, cache: Path,
                  log: Callable[[str], None] | None = None,
-                 seed: int = DEFAULT_SEED) -> dict[int, Any]:
+                 seed: int = DEFAULT_SEED, backend: str = "local",
+                 address: str | None = None) -> dict[int, Any]:
     """Index -> expert ``Plan`` (or None where no method found one), cached in ``cache``.
 
     Each instance's experts plan its ``Problem`` of ``objective`` over ``samples``
@@ -128,7 +129,11 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
 
     The cache's first line records what the plans were computed for (suite, objective,
     samples, seed, experts, time limit); a cache made for something else is refused
-    rather than silently mixed in."""
+    rather than silently mixed in.
+
+    ``backend="ray"``: each instance's experts run as a Ray task, ``cfg.workers`` at a time
+    (the cluster at ``address``, or a local Ray); each plan is appended to the cache as
+    its task ends, as the local worker processes' are."""
     from hetpar.plan import Plan
 
     key = _cache_key(suite, objective, samples, cfg, seed)
@@ -173,7 +178,9 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
                         f"({time.perf_counter() - t0:.0f}s)")
 
             args = (objective, samples, tuple(cfg.experts), cfg.exact_time_limit, seed)
-            if cfg.workers <= 1:
+            if backend == "ray":
+                _experts_on_ray(suite, todo, args, cfg.workers, address, keep)
+            elif cfg.workers <= 1:
                 for i in todo:
                     keep(_expert_one(suite, i, *args))
             else:
@@ -191,6 +198,28 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
         row = done[i]
         out_plans[i] = Plan.from_dict(row["plan"], f"{cache}:{i}") if row.get("plan") else None
     return out_plans
+
+
+def _experts_on_ray(suite: str, todo: list[int], args: tuple, workers: int,
+                    address: str | None, keep: Callable[[dict[str, Any]], None]) -> None:
+    from hetpar.solvers.ray_executor import _ray, connect
+
+    ray = _ray()
+    connect(address, max(1, workers))
+    remote = ray.remote(num_cpus=1, max_retries=3)(_expert_one)
+    queue = list(todo)
+    pending: list[Any] = []
+    try:
+        while queue or pending:
+            while queue and len(pending) < max(1, workers):
+                pending.append(remote.remote(suite, queue.pop(0), *args))
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in done:
+                keep(ray.get(ref))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
 
 
 # ---- demonstrations --------------------------------------------------------------------------

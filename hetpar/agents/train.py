@@ -638,7 +638,7 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
     if cfg.imitation is not None and not resume_from:
         try:
             with _divergence_named(model, cfg, ckpt_dir, "imitation"):
-                imitation_stats = _pretrain(model, cfg, run_dir, runs, say)
+                imitation_stats = _pretrain(model, cfg, run_dir, runs, say, backend, address)
         except KeyboardInterrupt:
             vec_env.close()
             say("interrupted during imitation pre-training; the expert plans computed so far "
@@ -775,7 +775,8 @@ def _require_finite(model: Any, cfg: TrainConfig, ckpt_dir: Path) -> None:
 
 
 def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
-              say: Callable[[str], None]) -> dict[str, Any]:
+              say: Callable[[str], None], backend: str = "local",
+              address: str | None = None) -> dict[str, Any]:
     """Behaviour cloning of expert plans on the training pool (``imitation:`` section)."""
     from hetpar.agents.imitation import (ImitationConfig, behaviour_clone, demonstrations,
                                          expert_plans, expert_summary)
@@ -797,7 +798,8 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
     t0 = time.perf_counter()
     # Scored under DEFAULT_SEED's bandwidth states, not cfg.seed's (module docstring).
     plans = expert_plans(cfg.suite, range(n), objective=objective, samples=samples, cfg=im,
-                         cache=cache, log=say, seed=DEFAULT_SEED)
+                         cache=cache, log=say, seed=DEFAULT_SEED, backend=backend,
+                         address=address)
     say(expert_summary(plans, cache) + f" in {time.perf_counter() - t0:.0f}s; cache {cache}")
     demos = demonstrations(env, plans)
     if demos.skipped:

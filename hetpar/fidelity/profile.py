@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -122,11 +123,14 @@ def profile_device(model: ModelSpec, *, device: str = "cpu", seq_len: int | None
     except ImportError:  # pragma: no cover - the rl extra brings torch
         raise ConfigError("--device", "", "hetpar profile needs torch: pip install "
                                           "'hetpar[rl]'") from None
+    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ConfigError("--device", "", f"unknown device {device!r} (cpu, cuda or cuda:N)")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device", "", f"{device}: no CUDA device here (torch "
                                           f"{torch.__version__})")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise ConfigError("--device", "", f"unknown device {device!r} (cpu, cuda or cuda:N)")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise ConfigError("--device", "", f"{device}: this machine has "
+                                          f"{torch.cuda.device_count()} CUDA device(s)")
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

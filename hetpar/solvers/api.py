@@ -137,10 +137,10 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     else:
         t0 = time.perf_counter()
         seeds = [sd for sd in _score_starts(problem, starts)
-                 if rt.unrestricted or not check_plan(sd[1], rt)]
+                 if rt.unrestricted or (sd[1] is not None and not check_plan(sd[1], rt))]
         sol = _exact(cm, space, obj, workers, time_limit, progress, executor, certify, seeds,
                      time.perf_counter() - t0, rt.name)
-    if sol.found and not rt.unrestricted:
+    if sol.plan is not None and sol.found and not rt.unrestricted:
         why = check_plan(sol.plan, rt)
         if why:
             raise InfeasibleError(f"{method}: its plan cannot run on {rt.name}: {why[0]} "

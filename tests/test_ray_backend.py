@@ -122,33 +122,14 @@ def test_ray_environments_step_as_local_ones(local_ray):
     """Training's environments on Ray actors: the same observations, rewards, dones,
     infos and masks as in local worker processes, given the same seeds and actions."""
     pytest.importorskip("sb3_contrib")
-    import numpy as np
-    from sb3_contrib.common.maskable.utils import get_action_masks
-
     from hetpar.agents.vecenv import GroupedVecEnv, RayVecEnv
-    from test_vecenv import _fns
+    from test_vecenv import _fns, assert_steps_alike
 
     fns = _fns(5)
     remote, local = RayVecEnv(fns, workers=2), GroupedVecEnv(fns, workers=2)
     try:
         assert remote.workers == 2 and remote.num_envs == 5
-        for venv in (remote, local):
-            venv.seed(11)
-        obs = [remote.reset(), local.reset()]
-        rng = np.random.default_rng(0)
-        episodes = 0
-        for _ in range(80):
-            masks = [get_action_masks(remote), get_action_masks(local)]
-            assert np.array_equal(masks[0], masks[1])
-            for key in obs[1]:
-                assert np.array_equal(obs[0][key], obs[1][key]), key
-            actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks[0]])
-            (o_a, r_a, d_a, i_a), (o_b, r_b, d_b, _) = remote.step(actions), local.step(actions)
-            assert np.array_equal(r_a, r_b) and np.array_equal(d_a, d_b)
-            assert remote.reset_infos == local.reset_infos
-            episodes += int(d_a.sum())
-            obs = [o_a, o_b]
-        assert episodes >= 5
+        assert_steps_alike(remote, local, 80, 5)
         assert remote.get_attr("max_hosts", indices=[4, 0]) == [8, 8]
         assert remote.has_attr("action_masks")
     finally:

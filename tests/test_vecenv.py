@@ -22,38 +22,43 @@ def _fns(n: int) -> list:
             for rank in range(n)]
 
 
+def assert_steps_alike(a, b, steps: int, min_episodes: int) -> None:  # noqa: ANN001
+    """Two vectorised environments of the same factories, seeded alike and given the same
+    actions: equal observations, rewards, dones, infos and masks, across episode ends
+    (auto-reset)."""
+    for venv in (a, b):
+        venv.seed(11)
+    obs = [a.reset(), b.reset()]
+    rng = np.random.default_rng(0)
+    episodes = 0
+    for _ in range(steps):
+        masks = [get_action_masks(a), get_action_masks(b)]
+        assert np.array_equal(masks[0], masks[1])
+        for key in obs[1]:
+            assert np.array_equal(obs[0][key], obs[1][key]), key
+        actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks[0]])
+        (o_a, r_a, d_a, i_a), (o_b, r_b, d_b, i_b) = a.step(actions), b.step(actions)
+        assert np.array_equal(r_a, r_b) and r_a.dtype == r_b.dtype
+        assert np.array_equal(d_a, d_b)
+        for x, y in zip(i_a, i_b):
+            assert x.keys() == y.keys()
+            if "terminal_observation" in x:
+                for key in x["terminal_observation"]:
+                    assert np.array_equal(x["terminal_observation"][key],
+                                          y["terminal_observation"][key])
+        assert list(a.reset_infos) == list(b.reset_infos)
+        episodes += int(d_a.sum())
+        obs = [o_a, o_b]
+    assert episodes >= min_episodes
+
+
 def test_grouped_environments_step_as_subprocess_ones() -> None:
-    """5 environments in 2 workers (groups of 3 and 2) and SubprocVecEnv, seeded alike
-    and given the same actions: equal observations, rewards, dones, infos and masks,
-    across episode ends (auto-reset)."""
+    """5 environments in 2 workers (groups of 3 and 2) and SubprocVecEnv."""
     fns = _fns(5)
     grouped, plain = GroupedVecEnv(fns, workers=2), SubprocVecEnv(fns)
     try:
         assert grouped.workers == 2 and grouped.num_envs == 5
-        for venv in (grouped, plain):
-            venv.seed(11)
-        obs = [grouped.reset(), plain.reset()]
-        rng = np.random.default_rng(0)
-        episodes = 0
-        for _ in range(120):
-            masks = [get_action_masks(grouped), get_action_masks(plain)]
-            assert np.array_equal(masks[0], masks[1])
-            for key in obs[1]:
-                assert np.array_equal(obs[0][key], obs[1][key]), key
-            actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks[0]])
-            (o_a, r_a, d_a, i_a), (o_b, r_b, d_b, i_b) = grouped.step(actions), plain.step(actions)
-            assert np.array_equal(r_a, r_b) and r_a.dtype == r_b.dtype
-            assert np.array_equal(d_a, d_b)
-            for a, b in zip(i_a, i_b):
-                assert a.keys() == b.keys()
-                if "terminal_observation" in a:
-                    for key in a["terminal_observation"]:
-                        assert np.array_equal(a["terminal_observation"][key],
-                                              b["terminal_observation"][key])
-            assert grouped.reset_infos == list(plain.reset_infos)
-            episodes += int(d_a.sum())
-            obs = [o_a, o_b]
-        assert episodes >= 10
+        assert_steps_alike(grouped, plain, 120, 10)
     finally:
         grouped.close()
         plain.close()

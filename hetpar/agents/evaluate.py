@@ -467,33 +467,22 @@ def _on_ray(st: _Settings, instances: Sequence[Any], bundle: Any, address: str |
             progress: Callable[[int, str], None] | None) -> list[list[Row]]:
     """``_instance_rows`` of every instance as Ray tasks, ``st.workers`` in flight. A task
     whose worker dies is retried by Ray."""
-    from hetpar.solvers.ray_executor import _ray, connect
+    from hetpar.solvers.ray_executor import _ray, connect, ray_map
 
-    ray = _ray()
-    connect(address, st.workers)
     in_flight = st.workers
     st = replace(st, workers=1)  # one CPU per instance task, its exact search included
-    remote = ray.remote(num_cpus=1, max_retries=3)(_instance_rows)
-    shared = ray.put(bundle)  # the policy travels once, not with every instance
-    pending: dict[Any, int] = {}
+    connect(address, in_flight)
+    shared = _ray().put(bundle)  # the policy travels once, not with every instance
     out: dict[int, list[Row]] = {}
-    todo = list(enumerate(instances))
-    try:
-        while todo or pending:
-            while todo and len(pending) < in_flight:
-                i, inst = todo.pop(0)
-                pending[remote.remote(st, i, inst, shared)] = i
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            for ref in done:
-                i = pending.pop(ref)
-                out[i] = ray.get(ref)
-                if progress is not None:
-                    for m in st.methods:
-                        progress(i, m)
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
+
+    def done(i: int, rows: list[Row]) -> None:
+        out[i] = rows
+        if progress is not None:
+            for m in st.methods:
+                progress(i, m)
+
+    ray_map(_instance_rows, [(st, i, inst, shared) for i, inst in enumerate(instances)],
+            in_flight, done, address=address)
     return [out[i] for i in range(len(instances))]
 
 

@@ -179,7 +179,10 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
 
             args = (objective, samples, tuple(cfg.experts), cfg.exact_time_limit, seed)
             if backend == "ray":
-                _experts_on_ray(suite, todo, args, cfg.workers, address, keep)
+                from hetpar.solvers.ray_executor import ray_map
+
+                ray_map(_expert_one, [(suite, i, *args) for i in todo], cfg.workers,
+                        lambda _, row: keep(row), address=address)
             elif cfg.workers <= 1:
                 for i in todo:
                     keep(_expert_one(suite, i, *args))
@@ -198,28 +201,6 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
         row = done[i]
         out_plans[i] = Plan.from_dict(row["plan"], f"{cache}:{i}") if row.get("plan") else None
     return out_plans
-
-
-def _experts_on_ray(suite: str, todo: list[int], args: tuple, workers: int,
-                    address: str | None, keep: Callable[[dict[str, Any]], None]) -> None:
-    from hetpar.solvers.ray_executor import _ray, connect
-
-    ray = _ray()
-    connect(address, max(1, workers))
-    remote = ray.remote(num_cpus=1, max_retries=3)(_expert_one)
-    queue = list(todo)
-    pending: list[Any] = []
-    try:
-        while queue or pending:
-            while queue and len(pending) < max(1, workers):
-                pending.append(remote.remote(suite, queue.pop(0), *args))
-            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            for ref in done:
-                keep(ray.get(ref))
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
 
 
 # ---- demonstrations --------------------------------------------------------------------------

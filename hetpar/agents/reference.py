@@ -552,27 +552,13 @@ def _build_on_ray(todo: list[tuple[int, Any, Entry | None, tuple[tuple[str, Plan
                   record: Callable[[int, Entry | None, Entry], None]) -> None:
     """``_solve_job`` of each instance as a Ray task, ``jobs`` in flight, each recorded
     (and the file saved) as it ends. A task whose worker dies is retried by Ray."""
-    from hetpar.solvers.ray_executor import _ray, connect
+    from hetpar.solvers.ray_executor import _ray, connect, ray_map
 
-    ray = _ray()
     connect(address, max(jobs, 1) * options["workers"])
-    remote = ray.remote(num_cpus=options["workers"], max_retries=3)(_solve_job)
-    shared = ray.put(policy)
-    pending: dict[Any, tuple[int, Entry | None]] = {}
-    queue = list(todo)
-    try:
-        while queue or pending:
-            while queue and len(pending) < max(jobs, 1):
-                i, inst, old, starts = queue.pop(0)
-                pending[remote.remote(i, inst, starts, options, shared)] = (i, old)
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            for ref in done:
-                i, old = pending.pop(ref)
-                record(i, old, ray.get(ref))
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
+    shared = _ray().put(policy)
+    ray_map(_solve_job, [(i, inst, starts, options, shared) for i, inst, _, starts in todo],
+            jobs, lambda k, entry: record(todo[k][0], todo[k][2], entry),
+            num_cpus=options["workers"])
 
 
 def _entry_line(e: Entry) -> str:

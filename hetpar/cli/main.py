@@ -127,13 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "the shipped policy plans first where torch is installed)")
     sol.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
                      help=RUNTIME_HELP)
-    sol.add_argument("--backend", choices=("local", "ray"), default="local",
-                     help="where the exact search's workers run: local processes (default) "
-                          "or Ray tasks (the ray extra: pip install 'hetpar[ray]')")
-    sol.add_argument("--address", default=None, metavar="auto|HOST:PORT",
-                     help="with --backend ray: the Ray cluster to join (auto: the one 'ray "
-                          "start --head' started on this machine); default: a local Ray of "
-                          "--workers CPUs")
+    _add_backend_args(sol, "where the exact search's workers run: local processes (default) "
+                           "or Ray tasks")
     sol.set_defaults(func=_cmd_solve)
 
     exp = sub.add_parser(
@@ -228,6 +223,26 @@ def _add_instance_args(p: argparse.ArgumentParser) -> None:
                    help="extra GPU catalog file (repeatable)")
     p.add_argument("--calibration", metavar="FILE",
                    help="cost-model constants file (default: the bundled calibration)")
+
+
+def _add_backend_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help=what + " (ray: the ray extra, pip install 'hetpar[ray]')")
+    p.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="with --backend ray: the Ray cluster to join (auto: the one found as "
+                        "ray.init finds it, e.g. started by 'ray start --head' on this "
+                        "machine); default: a local Ray")
+
+
+def _join_backend(args: argparse.Namespace, cpus: int) -> None:
+    """``--address`` only with ``--backend ray``; with it, join the cluster now, so that
+    one that is not there is refused in one line before any work."""
+    if args.address is not None and args.backend != "ray":
+        raise ConfigError("--address", "", "is an option of --backend ray")
+    if args.backend == "ray":
+        from hetpar.solvers.ray_executor import connect
+
+        connect(args.address, cpus)
 
 
 def _add_scoring_args(p: argparse.ArgumentParser, samples_help: str) -> None:
@@ -413,11 +428,10 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--time-limit", "", f"must be positive, got {args.time_limit:g}")
     if args.samples < 1:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
-    if args.address is not None and args.backend != "ray":
-        raise ConfigError("--address", "", "is an option of --backend ray")
     if args.backend == "ray" and args.method != "exact":
         raise ConfigError("--backend", "", f"ray runs the exact search's workers, not "
                                            f"--method {args.method}")
+    _join_backend(args, args.workers)
     cluster, model, training, constants = _load_instance(args)
     _check_precision(cluster, training)
     out = Path(args.out) if args.out else None
@@ -457,9 +471,8 @@ def _cmd_solve(args: argparse.Namespace, console: Console) -> int:
     if args.method == "exact":
         options.update(starts=starts, policy_start=not args.no_policy_start)
         if args.backend == "ray":
-            from hetpar.solvers.ray_executor import RayExecutor, connect
+            from hetpar.solvers.ray_executor import RayExecutor
 
-            connect(args.address, args.workers)  # refused in one line before any work
             options["executor"] = RayExecutor(args.workers, args.address)
     try:
         solution = planning.plan(problem, args.method, **options)
@@ -807,13 +820,9 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                          "bounds and best plans")
     ev.add_argument("--no-reference", action="store_true",
                     help="ignore the suite's reference file")
-    ev.add_argument("--backend", choices=("local", "ray"), default="local",
-                    help="local (default): instances one after another here; ray: each "
-                         "instance a Ray task, --workers at a time, its exact search on one "
-                         "worker (the ray extra)")
-    ev.add_argument("--address", default=None, metavar="auto|HOST:PORT",
-                    help="with --backend ray: the Ray cluster to join (default: a local Ray "
-                         "of --workers CPUs)")
+    _add_backend_args(ev, "local (default): instances one after another here; ray: each "
+                          "instance a Ray task, --workers at a time, its exact search on one "
+                          "worker")
     ev.set_defaults(func=_cmd_evaluate)
 
 
@@ -944,8 +953,6 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--samples", "", f"must be at least 1, got {args.samples}")
     if args.objective is not None:
         Objective.parse(args.objective)
-    if args.address is not None and args.backend != "ray":
-        raise ConfigError("--address", "", "is an option of --backend ray")
     beam = _beam_arg(args.beam, wide=True)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -964,10 +971,7 @@ def _cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         from hetpar.agents.io import load_policy
         bundle = load_policy(args.policy, trust_pickle=args.trust_pickle)
     reference = _evaluate_reference(args, suite)
-    if args.backend == "ray":
-        from hetpar.solvers.ray_executor import connect
-
-        connect(args.address, args.workers)  # refused in one line before any work
+    _join_backend(args, args.workers)
 
     from rich import progress as rp
 
@@ -1024,12 +1028,9 @@ def _add_train_parser(sub: argparse._SubParsersAction) -> None:
                     help="let finetune.init_policy be a policy file of format 1 "
                          "(stable-baselines3's pickled zip), which can run code when loaded")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
-    tr.add_argument("--backend", choices=("local", "ray"), default="local",
-                    help="where the environments run: local worker processes (default) or "
-                         "Ray actors, one per group of environments (the ray extra); the "
-                         "learner stays in this process")
-    tr.add_argument("--address", default=None, metavar="auto|HOST:PORT",
-                    help="with --backend ray: the Ray cluster to join (default: a local Ray)")
+    _add_backend_args(tr, "where the environments run: local worker processes (default) or "
+                          "Ray actors, one per group of environments; the learner stays in "
+                          "this process")
     tr.set_defaults(func=_cmd_train)
 
 
@@ -1056,12 +1057,7 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
         cfg = load_train_config(args.config)
         name = args.run_name
     cfg = cfg.with_overrides(timesteps=args.timesteps, seed=args.seed, n_envs=args.n_envs)
-    if args.address is not None and args.backend != "ray":
-        raise ConfigError("--address", "", "is an option of --backend ray")
-    if args.backend == "ray":
-        from hetpar.solvers.ray_executor import connect
-
-        connect(args.address, cfg.n_envs)  # refused in one line before the run starts
+    _join_backend(args, cfg.n_envs)
     result = train(cfg, run_name=name, runs_dir=args.runs_dir, resume=bool(args.resume),
                    overwrite=args.overwrite, trust_pickle=args.trust_pickle,
                    progress=not args.no_progress, log=lambda m: console.print(m, highlight=False),
@@ -1205,12 +1201,9 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--retry", action="store_true",
                    help="solve the stored entries not proven optimal again, their plan among "
                         "the starts; keep the better plan and the higher bound")
-    b.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="local (default): one instance after another here; ray: each "
-                        "instance a Ray task of --workers CPUs, --jobs at a time, saved as "
-                        "each ends (the ray extra)")
-    b.add_argument("--address", default=None, metavar="auto|HOST:PORT",
-                   help="with --backend ray: the Ray cluster to join (default: a local Ray)")
+    _add_backend_args(b, "local (default): one instance after another here; ray: each "
+                         "instance a Ray task of --workers CPUs, --jobs at a time, saved as "
+                         "each ends")
     b.add_argument("--jobs", type=int, default=1, metavar="J",
                    help="with --backend ray: instances solved at a time (default 1)")
     b.set_defaults(func=_cmd_reference_build)
@@ -1244,13 +1237,9 @@ def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--grace", "", f"must not be negative, got {args.grace:g}")
     if args.jobs < 1:
         raise ConfigError("--jobs", "", f"must be at least 1, got {args.jobs}")
-    if args.backend != "ray" and (args.address is not None or args.jobs != 1):
-        raise ConfigError("--address" if args.address is not None else "--jobs", "",
-                          "is an option of --backend ray")
-    if args.backend == "ray":
-        from hetpar.solvers.ray_executor import connect
-
-        connect(args.address, args.jobs * args.workers)  # refused before any work
+    if args.backend != "ray" and args.jobs != 1:
+        raise ConfigError("--jobs", "", "is an option of --backend ray")
+    _join_backend(args, args.jobs * args.workers)
     seeds = [m.strip() for m in args.seeds.split(",") if m.strip()]
     from hetpar.problem.generator import load_suite
 

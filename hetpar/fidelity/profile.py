@@ -44,7 +44,6 @@ from typing import Any
 
 
 from hetpar.costmodel.constants import CostConstants
-from hetpar.costmodel.memory import layer_activation_bytes
 from hetpar.errors import ConfigError
 from hetpar.workload.model import ModelSpec
 
@@ -202,12 +201,19 @@ def _profile(torch: Any, model: ModelSpec, device: str, seq_len: int | None,
 
 # ---- fitting ---------------------------------------------------------------------------------------
 def _work(model: ModelSpec, seq_len: int, b: int, c: CostConstants) -> tuple[float, float]:
-    """(FLOPs, streamed bytes) of one layer's forward for ``b`` sequences, as the cost
-    model counts them (``stage_work``)."""
-    tokens = b * seq_len
-    flops = tokens * 2.0 * model.matmul_params_per_layer + tokens * 4.0 * seq_len * model.hidden
-    stream = c.elementwise_traffic * layer_activation_bytes(model, b, seq_len, 1, "none", False)
-    return flops, stream
+    """(FLOPs, streamed bytes) of one layer's forward for ``b`` sequences: the cost model's
+    own ``stage_work`` on a device of 1 FLOP/s and endless bandwidth, then the reverse
+    (so the fit follows the cost model whatever it counts)."""
+    from hetpar.costmodel.compute import GpuPerf, stage_work
+
+    fw = c.framework("megatron-lm")
+
+    def forward(flops: float, hbm: float) -> float:
+        perf = GpuPerf("probe", flops, hbm, 1.0, 0.0, math.inf, flops)
+        return stage_work(model, seq_len, b, 1, 1, False, False, "none", False, perf, c,
+                          fw).fwd
+
+    return forward(1.0, math.inf), forward(math.inf, 1.0)
 
 
 def fit_rates(prof: DeviceProfile, c: CostConstants, framework: str = "megatron-lm",
@@ -263,20 +269,19 @@ def catalog_entry(prof: DeviceProfile, rates: tuple[float, float], c: CostConsta
         h = 1e12
     peak = r / eff.gemm / 1e12
     hbm = h / eff.hbm / 1e9
-    over = 3.0 * c.framework("megatron-lm").layer_overhead_s
-    worst = 0.0
-    for t in prof.timings:
-        f, st = _work(prof.model, prof.seq_len, t.micro_batch, c)
-        worst = max(worst, abs((3.0 * (f / r + st / h) + over) / t.fwd_bwd_s - 1.0))
     cuda = prof.device.startswith("cuda")
-    return {"gpus": {name: {
+    entry: dict[str, Any] = {
         "vendor": "nvidia" if cuda else "cpu",
         "peak_tflops": {"fp16": round(peak, 4), "bf16": round(peak, 4)},
         "memory_gib": max(1.0, round(prof.memory_gib, 2)),
         "hbm_GBps": round(hbm, 2),
         "scaleup": {"kind": "pcie", "GBps": 16},
         "pcie_GBps": 16,
-        "source": (f"measured by hetpar profile on {prof.host} ({prof.device}: "
+    }
+    doc = {"gpus": {name: entry}}
+    worst = max(abs(modelled / measured - 1.0)
+                for _, measured, modelled in reproduce(prof, doc, c))
+    entry["source"] = (f"measured by hetpar profile on {prof.host} ({prof.device}: "
                    f"{prof.device_name}) at {prof.date}: one {prof.model.name} layer, "
                    f"seq {prof.seq_len}, micro-batches "
                    f"{', '.join(str(t.micro_batch) for t in prof.timings)}, {prof.dtype}; "
@@ -284,8 +289,8 @@ def catalog_entry(prof: DeviceProfile, rates: tuple[float, float], c: CostConsta
                    f"{(h / 1e9 if math.isfinite(h) else math.inf):.4g} GB/s effective, worst "
                    f"layer time off by {worst:.1%}; peak and HBM are those rates over the "
                    f"calibration's efficiencies ({eff.gemm:.4g}, {eff.hbm:.4g}); the "
-                   f"scale-up link is not measured (PCIe assumed)"),
-    }}}
+                   f"scale-up link is not measured (PCIe assumed)")
+    return doc
 
 
 # ---- network -----------------------------------------------------------------------------------

@@ -242,13 +242,14 @@ class Searcher:
                 sizes = sorted({tp * d for _, tp, _, room in space.stage_groups(free)
                                 for d in range(1, sum(room) + 1)}, reverse=True)
                 mine = {g for j, g in enumerate(sizes) if j % n == k}
+            restricted = not self.runtime.unrestricted
             if self.runtime.uniform and prefix:
                 # Every stage has the first one's GPU count: the others are never built.
                 mine = {prefix[0].gpus} & (mine if mine is not None else {prefix[0].gpus})
             for i, stage in enumerate(space.stage_choices_by_size(free, sizes=mine)):
                 if not i & 4095:
                     self._check_time()  # runs of non-canonical stages visit no node
-                if not stage_extends(prefix, stage, self.runtime):
+                if restricted and not stage_extends(prefix, stage, self.runtime):
                     continue
                 nxt = sym.extend(stage)
                 if nxt is None:

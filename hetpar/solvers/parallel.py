@@ -12,8 +12,9 @@ import math
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (
@@ -25,7 +26,7 @@ from hetpar.solvers.exact import (
     search_subtree,
 )
 
-__all__ = ["ProcessExecutor", "SharedIncumbent"]
+__all__ = ["ProcessExecutor", "SharedIncumbent", "dispatch"]
 
 
 @dataclass
@@ -78,6 +79,51 @@ def _terminate_workers(pool: ProcessPoolExecutor) -> None:
             pass
 
 
+def dispatch(problem: SearchProblem, tasks: Iterable[Task], window: int,
+             submit: Callable[[Task], Any],
+             wait_some: Callable[[list[Any]], list[tuple[Any, TaskResult]]],
+             on_result: Callable[[int, TaskResult], None],
+             subtrees_done: Callable[[], None],
+             pending: dict[Any, tuple[int, bool]] | None = None) -> None:
+    """Run ``tasks`` through a backend: ``submit(task)`` sends one and returns its
+    handle, ``wait_some(handles)`` returns (handle, result) of those that ended (after a
+    short wait); ``subtrees_done()`` is called once every subtree sent has answered and
+    none is left to send. ``pending`` (handle -> (index, is a seed)): the caller's, to
+    cancel what is in flight when it is interrupted.
+
+    Tasks go out ``window`` at a time, taken from ``tasks`` as they go (it may be lazy:
+    millions of first stages): submitting hundreds of thousands at once kept the caller
+    busy for longer than a time limit, and past the deadline a task not yet sent is
+    simply not sent. The seeds (first) go out whatever the clock says: their plans are
+    the answer of a search stopped before its first subtree."""
+    pending = {} if pending is None else pending
+    source = enumerate(tasks)
+    held: tuple[int, Task] | None = None  # taken from ``source``, not yet sent
+    exhausted = False
+    subtrees = 0  # subtree tasks sent and not yet answered
+    while True:
+        while len(pending) < window:
+            if held is None:
+                held = next(source, None)
+                if held is None:
+                    exhausted = True
+                    break
+            i, task = held
+            if not task.seed and time.time() > problem.deadline:
+                break
+            pending[submit(task)] = (i, bool(task.seed))
+            subtrees += not task.seed
+            held = None
+        if not pending:
+            break
+        for handle, result in wait_some(list(pending)):
+            i, seed = pending.pop(handle)
+            subtrees -= not seed
+            on_result(i, result)
+        if subtrees == 0 and (exhausted or time.time() > problem.deadline):
+            subtrees_done()
+
+
 @dataclass
 class ProcessExecutor:
     workers: int = 2
@@ -97,40 +143,11 @@ class ProcessExecutor:
         pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
                                    initargs=(problem, self._cell, subtrees_done))
         try:
-            # Tasks go out a few per worker at a time, taken from ``tasks`` as they go (it
-            # may be lazy: millions of first stages): submitting hundreds of thousands at
-            # once kept the caller busy for longer than a time limit, and past the
-            # deadline a task not yet sent is simply not sent. The seeds (first) go out
-            # whatever the clock says: their plans are the answer of a search stopped
-            # before its first subtree.
-            source = enumerate(tasks)
-            pending: dict[Future, tuple[int, bool]] = {}
-            window = _IN_FLIGHT * self.workers
-            held: tuple[int, Task] | None = None  # taken from ``source``, not yet sent
-            exhausted = False
-            subtrees = 0  # subtree tasks sent and not yet answered
-            while True:
-                while len(pending) < window:
-                    if held is None:
-                        held = next(source, None)
-                        if held is None:
-                            exhausted = True
-                            break
-                    i, task = held
-                    if not task.seed and time.time() > problem.deadline:
-                        break
-                    pending[pool.submit(_run_task, task)] = (i, bool(task.seed))
-                    subtrees += not task.seed
-                    held = None
-                if not pending:
-                    break
-                done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    i, seed = pending.pop(fut)
-                    subtrees -= not seed
-                    on_result(i, fut.result())
-                if subtrees == 0 and (exhausted or time.time() > problem.deadline):
-                    subtrees_done.set()
+            dispatch(problem, tasks, _IN_FLIGHT * self.workers,
+                     lambda task: pool.submit(_run_task, task),
+                     lambda handles: [(f, f.result()) for f in wait(
+                         handles, timeout=0.2, return_when=FIRST_COMPLETED)[0]],
+                     on_result, subtrees_done.set)
         except BaseException:
             # Interrupted (Ctrl-C; SIGTERM, which only this process receives) or failed:
             # the workers stop now rather than when their subtrees end, and none is left

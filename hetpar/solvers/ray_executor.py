@@ -20,7 +20,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,11 @@ from hetpar.errors import ConfigError
 from hetpar.solvers.bounds import Bounds
 from hetpar.solvers.exact import (SearchProblem, Task, TaskResult, few_collections, make_bounds,
                                   search_subtree)
+from hetpar.solvers.parallel import _IN_FLIGHT, dispatch
 
-__all__ = ["RayExecutor", "connect", "REFRESH_S"]
+__all__ = ["RayExecutor", "connect", "ray_map", "REFRESH_S"]
 
 REFRESH_S = 0.05  # seconds a worker trusts its cached incumbent
-_IN_FLIGHT = 4  # tasks in flight per worker, as ProcessExecutor
 _RETRIES = 3  # Ray's retries of a task whose worker died
 
 
@@ -95,6 +95,32 @@ def connect(address: str | None, workers: int) -> None:
     except Exception as exc:  # Ray raises ConnectionError and others
         raise ConfigError("--address", "", f"cannot join the Ray cluster at {target}: "
                                            f"{exc}") from None
+
+
+def ray_map(fn: Callable[..., Any], calls: Sequence[tuple], in_flight: int,
+            on_done: Callable[[int, Any], None], num_cpus: int = 1,
+            address: str | None = None) -> None:
+    """``fn(*calls[k])`` for every k as Ray tasks of ``num_cpus`` CPUs, ``in_flight`` at
+    a time, ``on_done(k, result)`` as each ends (in the order they end); a task whose
+    worker dies is retried by Ray, and the tasks in flight are cancelled when the caller
+    is interrupted. Joins the cluster at ``address`` first (``connect``)."""
+    ray = _ray()
+    connect(address, max(1, in_flight) * num_cpus)
+    remote = ray.remote(num_cpus=num_cpus, max_retries=_RETRIES)(fn)
+    queue = list(enumerate(calls))
+    pending: dict[Any, int] = {}
+    try:
+        while queue or pending:
+            while queue and len(pending) < max(1, in_flight):
+                k, args = queue.pop(0)
+                pending[remote.remote(*args)] = k
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in done:
+                on_done(pending.pop(ref), ray.get(ref))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
 
 
 # ---- in the Ray workers ---------------------------------------------------------------------------
@@ -201,36 +227,13 @@ class RayExecutor:
         remote_run = ray.remote(num_cpus=1, max_retries=_RETRIES)(_run)
         token = uuid.uuid4().hex
         problem_ref = ray.put(problem)
-        source = enumerate(tasks)
         pending: dict[Any, tuple[int, bool]] = {}
-        window = _IN_FLIGHT * self.workers
-        held: tuple[int, Task] | None = None
-        exhausted = False
-        subtrees = 0
         try:
-            while True:
-                while len(pending) < window:
-                    if held is None:
-                        held = next(source, None)
-                        if held is None:
-                            exhausted = True
-                            break
-                    i, task = held
-                    if not task.seed and time.time() > problem.deadline:
-                        break
-                    pending[remote_run.remote(token, [problem_ref], task, actor)] = (
-                        i, bool(task.seed))
-                    subtrees += not task.seed
-                    held = None
-                if not pending:
-                    break
-                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
-                for ref in done:
-                    i, seed = pending.pop(ref)
-                    subtrees -= not seed
-                    on_result(i, ray.get(ref))
-                if subtrees == 0 and (exhausted or time.time() > problem.deadline):
-                    actor.finish.remote()
+            dispatch(problem, tasks, _IN_FLIGHT * self.workers,
+                     lambda task: remote_run.remote(token, [problem_ref], task, actor),
+                     lambda refs: [(r, ray.get(r)) for r in ray.wait(
+                         refs, num_returns=1, timeout=0.2)[0]],
+                     on_result, lambda: actor.finish.remote(), pending)
         except BaseException:
             # Interrupted or failed: the tasks in flight stop now, not when they end.
             for ref in pending:

@@ -414,9 +414,10 @@ def case_for_kind(kind: str, name: str, content: str | bytes, rng: random.Random
     elif kind in ("suites", "instances"):
         argv = ["suite", "show", f, "--n", "2", "--json"]
     elif kind == "scenarios":
-        # --time-limit caps the scenario's exact_time_limit_s (a search may use all of it)
+        # --time-limit caps the scenario's exact_time_limit_s (a search may use all of it);
+        # the hindsight oracle (a search of every distinct state) is not what is fuzzed.
         argv = ["replan", "--scenario", f, "--strategies", "static", "--iterations", "50",
-                "--time-limit", "2", "--out", "out"]
+                "--time-limit", "2", "--no-oracle", "--out", "out"]
     elif kind == "gpus":
         argv = ["estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium", "--plan",
                 AMP_PLAN, "--gpus", f, "--json"]
@@ -484,7 +485,7 @@ def trace_case(rng: random.Random) -> Case:
         return Case(f"traces/{name}: {op}", argv, {"T.csv": content, "C.yaml": yaml.safe_dump(doc)},
                     invalid)
     argv = ["replan", "--trace", "T.csv", "--cluster", cluster, "--model", model,
-            "--iterations", "50", "--strategies", "static", "--out", "out"]
+            "--iterations", "50", "--strategies", "static", "--no-oracle", "--out", "out"]
     return Case(f"traces/{name}: {op}", argv, {"T.csv": content}, invalid)
 
 
@@ -719,7 +720,7 @@ BASE_COMMANDS: list[list[str]] = [
     ["plan", "--cluster", "amp-het-16", "--model", "gpt2-medium", "--no-improve", "--json"],
     ["suite", "show", "tiny", "--n", "2", "--json"],
     ["replan", "--scenario", "host-loss", "--strategies", "static", "--iterations", "50",
-     "--out", "out"],
+     "--no-oracle", "--out", "out"],
     EVALUATE,
 ]
 

@@ -109,11 +109,35 @@ def test_link_down_cuts_off_hosts():
     assert none is None and len(lost) == 3
 
 
-def test_migration_cost_arithmetic():
-    m = Migration(storage_GBps=2.0, restart_s=30.0)
-    assert m.checkpoint_bytes(1e9) == 16e9
-    assert m.cost_s(1e9) == pytest.approx(2 * 16e9 / 2e9 + 30)  # save + reload + restart
-    assert Migration(4.0, 0.0, 8.0).cost_s(1e9) == pytest.approx(4.0)
+def test_migration_checkpoint_arithmetic():
+    m = Migration()
+    assert (m.storage_GBps, m.restart_s, m.bytes_per_param) == (2.0, 30.0, 14.0)
+    assert m.checkpoint_interval_s == 3600.0 and m.checkpoint_s is None
+    assert m.checkpoint_bytes(1e9) == 14e9
+    assert m.write_s(1e9) == pytest.approx(14e9 / 2e9)  # the bytes over storage
+    assert m.reload_s(1e9) == pytest.approx(14e9 / 2e9 + 30)  # read back, then restart
+    m = Migration(4.0, 0.0, 8.0, checkpoint_s=1.5)
+    assert m.write_s(1e9) == 1.5  # a fixed stall replaces the bytes' time
+    assert m.reload_s(1e9) == pytest.approx(2.0)  # reading back is still bytes / storage
+    assert m.write_s(0.0) == 1.5 and Migration().write_s(0.0) == 0.0
+    from hetpar.dynamics.simulator import SimSettings
+
+    st = SimSettings(10, 1, Migration(storage_GBps=1.0, restart_s=5.0), params=2e9)
+    assert st.checkpoint_write_s == pytest.approx(28.0)
+    assert st.reload_s == pytest.approx(33.0)
+
+
+def test_scenario_migration_settings():
+    sc = parse_scenario(scenario_doc(migration={"storage_GBps": 4, "restart_s": 10,
+                                                "bytes_per_param": 16,
+                                                "checkpoint_interval_s": 600,
+                                                "checkpoint_s": 3}))
+    assert sc.migration == Migration(4.0, 10.0, 16.0, 600.0, 3.0)
+    assert parse_scenario(scenario_doc()).migration == Migration()
+    with pytest.raises(ConfigError, match="cost_s"):
+        parse_scenario(scenario_doc(migration={"cost_s": 3}))
+    with pytest.raises(ConfigError, match="checkpoint_interval_s"):
+        parse_scenario(scenario_doc(migration={"checkpoint_interval_s": 0}))
 
 
 # ---- traces --------------------------------------------------------------------------------

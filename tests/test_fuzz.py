@@ -377,7 +377,8 @@ def test_out_must_be_a_writable_place(capsys, tmp_path):
         code, _, err = run(capsys, *solve, "--out", out)
         assert_one_line_error(code, err, "--out", needle)
     existing = _write(tmp_path, "x.txt", "x")
-    replan = ["replan", "--scenario", "host-loss", "--strategies", "static", "--iterations", "10"]
+    replan = ["replan", "--scenario", "host-loss", "--strategies", "static", "--iterations", "10",
+              "--no-oracle"]
     code, _, err = run(capsys, *replan, "--out", existing)
     assert_one_line_error(code, err, "x.txt", "--out", "exists and is not a folder")
     code, _, err = run(capsys, *replan, "--out", "/proc/1/nope/x")
@@ -511,7 +512,7 @@ def test_paths_the_file_system_refuses_are_one_line(capsys, tmp_path):
     code, _, err = run(capsys, "suite", "show", _write(tmp_path, "s.yaml", suite))
     assert_one_line_error(code, err, "s.yaml", "models[1]")
     code, _, err = run(capsys, "replan", "--scenario", "host-loss", "--strategies", "static",
-                       "--iterations", "10", "--out", "/proc/nope/x")
+                       "--iterations", "10", "--no-oracle", "--out", "/proc/nope/x")
     assert_one_line_error(code, err, "--out", "cannot create it")
 
 

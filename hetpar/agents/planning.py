@@ -48,7 +48,7 @@ METHODS = (*SOLVER_METHODS, "local-search", *POLICY_METHODS)
 
 # The options each kind of method takes (anything else is a caller's mistake).
 _SOLVER_OPTIONS = frozenset({"workers", "time_limit", "budget", "rng_seed", "progress",
-                             "executor", "certify", "runtime"})
+                             "executor", "certify", "runtime", "node_limit"})
 _EXACT_OPTIONS = _SOLVER_OPTIONS | {"starts", "policy_start"}
 # Share of exact's time limit the policy start may plan for. ``policy`` rather than the
 # cheaper ``policy-greedy``: on the bundled clusters x six models the greedy plan beat

@@ -42,22 +42,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "150)")
     p.add_argument("--decision-ms", type=float, default=None, metavar="MS",
                    help="wall-clock budget of a policy decision: its refinement stops when "
-                        "it is spent (default 45; 0: no budget, the same plans on every "
-                        "machine)")
-    p.add_argument("--strategies", default="static,robust,policy,exact,exact-rt",
-                   help="comma-separated: static, robust, policy, exact (oracle: planning "
-                        "time not charged), exact-rt (realistic: charged as stall)")
+                        "it is spent (default: none, the refinement's step budget alone; "
+                        "a budget makes the plans depend on the machine)")
+    p.add_argument("--strategies", default="static,robust,library,policy,exact,exact-rt",
+                   help="comma-separated: static, robust, library (switches between "
+                        "static's and robust's plans, no planner: the re-planners' "
+                        "ablation), policy, exact (re-plans with the exact search, planning "
+                        "time not charged), exact-rt (charged as stall)")
+    p.add_argument("--switch-rule", default="expected", metavar="RULE",
+                   help="when every strategy switches plans: 'expected' (default: the "
+                        "expected saving over the rest of the run, believing the network "
+                        "behaves as it has so far), 'persist' (the new state lasts) or "
+                        "'lookahead:S' (the saving over S seconds); docs/dynamics.md")
+    p.add_argument("--node-limit", type=int, default=None, metavar="N",
+                   help="search steps of each exact (and robust) re-planning search "
+                        "(default 20000; the same plans on every machine)")
+    p.add_argument("--no-oracle", action="store_true",
+                   help="skip the hindsight oracle (the best schedule knowing the future) "
+                        "and the regret column")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the network "
                                                 "processes (default 0)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="time limit of each exact (and robust) search (default: the "
-                        "scenario's, 5 s)")
+                   help="stop each exact (and robust) re-planning search at this clock time "
+                        "instead of --node-limit (the plans then depend on the machine)")
     p.add_argument("--lookahead", type=float, default=None, metavar="S",
-                   help="look-ahead window for the switch decision (default: the scenario's)")
+                   help="same as --switch-rule lookahead:S")
     p.add_argument("--storage-gbps", type=float, default=None, metavar="GB/s",
                    help="checkpoint storage bandwidth in GB/s (default: the scenario's, 2)")
     p.add_argument("--restart-s", type=float, default=None, metavar="S",
                    help="restart constant of a migration (default: the scenario's, 30)")
+    p.add_argument("--checkpoint-interval", type=float, default=None, metavar="S",
+                   help="seconds between checkpoints; a failure loses the work since the "
+                        "last (default: the scenario's, 3600)")
     p.add_argument("--out", default="runs/replan", metavar="DIR",
                    help="output folder: summary.json, summary.md, timeline.png "
                         "(default runs/replan)")
@@ -65,10 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print summary.json's contents as one JSON object instead of the "
                         "summary, without the measured planning seconds (planning_wall_s, "
                         "policy_latency_s, exact_latency_s) unless --timings: the same bytes "
-                        "on every run for the static, robust and exact strategies with "
-                        "--decision-ms 0 where their searches end before --time-limit "
-                        "('policy' and 'exact-rt' charge their measured planning time to the "
-                        "run)")
+                        "on every run and every machine (searches stop after node budgets, "
+                        "planning is charged a modelled time), unless --time-limit or "
+                        "--decision-ms put a clock in them")
     p.add_argument("--timings", action="store_true",
                    help="with --json, also print the measured planning seconds")
 
@@ -97,10 +112,9 @@ def _cluster(name: str) -> Any:
 
 def run(args: argparse.Namespace, log: Any) -> int:
     import dataclasses
-    import math
 
     from hetpar.dynamics.experiment import parse_strategies, run_scenario, write_outputs
-    from hetpar.dynamics.scenario import Migration, load_scenario, scenario_from_trace
+    from hetpar.dynamics.scenario import load_scenario, scenario_from_trace
 
     if getattr(args, "json", False):  # stdout holds the JSON alone; progress to stderr
         import sys
@@ -126,8 +140,15 @@ def run(args: argparse.Namespace, log: Any) -> int:
     if args.iterations is not None and args.iterations < 1:
         raise ConfigError("--iterations", "", f"must be at least 1, got {args.iterations}")
     for flag, value in (("--time-limit", args.time_limit), ("--lookahead", args.lookahead),
-                        ("--storage-gbps", args.storage_gbps)):
+                        ("--storage-gbps", args.storage_gbps),
+                        ("--checkpoint-interval", args.checkpoint_interval)):
         _positive(flag, value)
+    from hetpar.dynamics.switching import parse_rule
+
+    rule = parse_rule(f"lookahead:{args.lookahead:g}" if args.lookahead is not None
+                      else args.switch_rule)
+    if args.node_limit is not None and args.node_limit < 1:
+        raise ConfigError("--node-limit", "", f"must be at least 1, got {args.node_limit}")
     for flag, count in (("--beam", args.beam), ("--refine-steps", args.refine_steps)):
         if count is not None and count < 1:
             raise ConfigError(flag, "", f"must be at least 1, got {count}")
@@ -151,19 +172,21 @@ def run(args: argparse.Namespace, log: Any) -> int:
     if args.training:
         changes["training"] = args.training
     mig = scenario.migration
-    if args.storage_gbps is not None or args.restart_s is not None:
-        changes["migration"] = Migration(args.storage_gbps or mig.storage_GBps,
-                                         mig.restart_s if args.restart_s is None
-                                         else args.restart_s, mig.bytes_per_param)
+    if (args.storage_gbps is not None or args.restart_s is not None
+            or args.checkpoint_interval is not None):
+        changes["migration"] = dataclasses.replace(
+            mig, storage_GBps=args.storage_gbps or mig.storage_GBps,
+            restart_s=mig.restart_s if args.restart_s is None else args.restart_s,
+            checkpoint_interval_s=args.checkpoint_interval or mig.checkpoint_interval_s)
     if changes:
         scenario = dataclasses.replace(scenario, **changes)
     result = run_scenario(scenario, strategies, seeds, policy_path=args.policy,
                           trust_pickle=args.trust_pickle,
                           iterations=args.iterations, time_limit_s=args.time_limit,
-                          lookahead_s=args.lookahead, beam=args.beam,
-                          refine_steps=args.refine_steps,
-                          decision_budget_s=(None if args.decision_ms is None else
-                                             args.decision_ms / 1e3 or math.inf), log=log)
+                          rule=rule, beam=args.beam, refine_steps=args.refine_steps,
+                          node_limit=args.node_limit, oracle=not args.no_oracle,
+                          decision_budget_s=(None if not args.decision_ms else
+                                             args.decision_ms / 1e3), log=log)
     paths = write_outputs(result, Path(args.out))
     if getattr(args, "json", False):
         from hetpar.dynamics.experiment import MEASURED_KEYS, summary_doc

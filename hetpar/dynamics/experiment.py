@@ -14,9 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from hetpar.dynamics.oracle import ORACLE_NODES, OracleResult, hindsight
 from hetpar.dynamics.scenario import Scenario, Timeline, build_timeline
 from hetpar.dynamics.simulator import RunResult, SimSettings, simulate
-from hetpar.dynamics.strategies import STRATEGIES, Planners, PolicyUnavailable, make_strategy
+from hetpar.dynamics.strategies import (
+    REPLAN_NODES,
+    STRATEGIES,
+    Planners,
+    PolicyUnavailable,
+    make_strategy,
+)
+from hetpar.dynamics.switching import SwitchRule
 from hetpar.errors import ConfigError
 
 __all__ = [
@@ -58,6 +66,7 @@ class ScenarioRun:
     results: dict[str, list[RunResult]] = field(default_factory=dict)
     timelines: list[Timeline] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    oracles: list[OracleResult] = field(default_factory=list)
     policy_latencies: list[float] = field(default_factory=list)
     exact_latencies: list[float] = field(default_factory=list)
 
@@ -66,11 +75,15 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
                  planners: Planners | None = None, policy_path: str | None = None,
                  trust_pickle: bool = False,
                  iterations: int | None = None, time_limit_s: float | None = None,
-                 lookahead_s: float | None = None, beam: int | None = None,
+                 rule: SwitchRule | None = None, beam: int | None = None,
                  refine_steps: int | None = None, decision_budget_s: float | None = None,
+                 node_limit: int | None = None, oracle: bool = True,
+                 oracle_nodes: int = ORACLE_NODES,
                  log: Callable[[str], None] | None = None) -> ScenarioRun:
-    """Every strategy on ``scenario`` for each seed. ``decision_budget_s`` is the policy
-    decision's wall-clock budget (None: ``REPLAN_BUDGET_S``; ``math.inf``: none)."""
+    """Every strategy on ``scenario`` for each seed, and the hindsight oracle over the
+    plans they ran (``oracle``). ``decision_budget_s``: a wall-clock budget of each policy
+    decision (None: none, the plans are the same on every machine); ``time_limit_s``:
+    exact searches stop at this clock time instead of after ``node_limit`` steps."""
     from hetpar.workload.model import load_model
     from hetpar.workload.training import load_training
 
@@ -78,16 +91,17 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
     training = load_training(scenario.training)
     if planners is None:
         planners = Planners(model, training, time_limit_s or scenario.exact_time_limit_s,
+                            None if time_limit_s else (node_limit or REPLAN_NODES),
                             policy_path, trust_pickle, beam=beam,
-                            refine_steps=refine_steps)
-        if decision_budget_s is not None:
-            planners.decision_budget_s = (None if math.isinf(decision_budget_s)
-                                          else decision_budget_s)
+                            refine_steps=refine_steps,
+                            bytes_per_param=scenario.migration.bytes_per_param)
+        if decision_budget_s is not None and math.isfinite(decision_budget_s):
+            planners.decision_budget_s = decision_budget_s
     seq = training.seq_len or model.seq_len
     settings = SimSettings(iterations=iterations or scenario.iterations,
                            tokens_per_iteration=training.global_batch * seq,
-                           migration_s=scenario.migration.cost_s(model.total_params),
-                           lookahead_s=lookahead_s or scenario.lookahead_s)
+                           migration=scenario.migration, params=float(model.total_params),
+                           rule=rule or SwitchRule())
     run = ScenarioRun(scenario, tuple(seeds), settings)
     for seed in seeds:
         tl = build_timeline(scenario, np.random.default_rng(seed))
@@ -111,6 +125,15 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
                 wall = f"{res.wall_s:.0f} s" if res.finished else \
                     f"stalled at {res.stalled_at_s:.0f} s"
                 log(f"{scenario.name} seed {seed} {name}: {wall}, {res.switches} switches")
+        if oracle:
+            ran = [p for rs in run.results.values() if len(rs) == len(run.timelines)
+                   for p in rs[-1].plan_objects]
+            best = hindsight(tl, planners, settings, ran, node_limit=oracle_nodes)
+            run.oracles.append(best)
+            if log:
+                log(f"{scenario.name} seed {seed} hindsight: {best.wall_s:.0f} s, "
+                    f"{best.switches} switches, bound {best.lower_bound_s:.0f} s, "
+                    f"{best.certified}/{best.states} states certified")
     run.policy_latencies = list(planners.policy_latencies)
     run.exact_latencies = list(planners.exact_latencies)
     return run
@@ -120,10 +143,18 @@ def _fmt(x: float, digits: int = 0) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else "inf"
 
 
+def _regret(wall: float, best: float) -> float:
+    if not math.isfinite(best):
+        return math.nan
+    return wall / best - 1.0 if math.isfinite(wall) else math.inf
+
+
 def summary_rows(run: ScenarioRun) -> list[dict[str, Any]]:
-    """One row per strategy: means and spreads over seeds."""
+    """One row per strategy: means and spreads over seeds; regret to the hindsight
+    oracle of each seed (``wall / oracle - 1``) where it ran."""
     rows = []
     static = run.results.get("static")
+    robust = run.results.get("robust")
     for name, results in run.results.items():
         wall = np.array([r.wall_s for r in results])
         row: dict[str, Any] = {
@@ -131,59 +162,114 @@ def summary_rows(run: ScenarioRun) -> list[dict[str, Any]]:
             "finished": sum(r.finished for r in results),
             "wall_s_mean": float(wall.mean()), "wall_s_std": float(wall.std()),
             "tokens_mean": float(np.mean([r.tokens for r in results])),
+            "tokens_per_hour_mean": float(np.mean([r.tokens_per_hour for r in results])),
             "switches_mean": float(np.mean([r.switches for r in results])),
             "forced_mean": float(np.mean([r.forced_switches for r in results])),
             "migration_s_mean": float(np.mean([r.migration_s for r in results])),
+            "moved_GB_mean": float(np.mean([r.moved_bytes for r in results])) / 1e9,
+            "failures_mean": float(np.mean([r.failures for r in results])),
+            # Switches to a plan the strategy's planner proposed in that state (not one it
+            # already held: its start plan, the robust plan, one used before).
+            "proposed_switches_mean": float(np.mean([
+                sum(1 for ev in r.events[1:] if ev["source"] not in ("library", "keep"))
+                for r in results])),
+            "lost_iterations_mean": float(np.mean([r.lost_iterations for r in results])),
             "planning_charged_s_mean": float(np.mean([r.planning_charged_s for r in results])),
             "stall_s_mean": float(np.mean([r.stall_s for r in results])),
             "stalled_at_s": [r.stalled_at_s for r in results],
         }
-        if static:
-            rel = np.array([r.wall_s / s.wall_s - 1.0 for r, s in zip(results, static)])
-            row["vs_static_mean"] = float(rel.mean())
-            row["vs_static_min"] = float(rel.min())
-            row["vs_static_max"] = float(rel.max())
-        if "exact" in run.results:
-            rel = np.array([r.wall_s / s.wall_s - 1.0
-                            for r, s in zip(results, run.results["exact"])])
-            row["vs_exact_mean"] = float(rel.mean())
-            row["vs_exact_max"] = float(rel.max())
+        for ref_name, ref in (("static", static), ("robust", robust)):
+            if ref:
+                rel = np.array([_regret(r.wall_s, x.wall_s) for r, x in zip(results, ref)])
+                row[f"vs_{ref_name}_mean"] = float(rel.mean())
+                row[f"vs_{ref_name}_min"] = float(rel.min())
+                row[f"vs_{ref_name}_max"] = float(rel.max())
+        if len(run.oracles) == len(results):
+            reg = np.array([_regret(r.wall_s, o.wall_s) for r, o in zip(results, run.oracles)])
+            row["regret_mean"] = float(reg.mean())
+            row["regret_max"] = float(reg.max())
         rows.append(row)
     return rows
 
 
+def oracle_row(run: ScenarioRun) -> dict[str, Any] | None:
+    """The hindsight oracle's means over seeds, and how far its schedule is from the
+    lower bound on every schedule (``gap``: oracle / bound - 1)."""
+    if not run.oracles:
+        return None
+    o = run.oracles
+    wall = np.array([x.wall_s for x in o])
+    return {"scenario": run.scenario.name, "strategy": "hindsight", "seeds": len(o),
+            "wall_s_mean": float(wall.mean()), "wall_s_std": float(wall.std()),
+            "lower_bound_s_mean": float(np.mean([x.lower_bound_s for x in o])),
+            "bound_gap_max": float(max(_regret(x.wall_s, x.lower_bound_s) for x in o)),
+            "switches_mean": float(np.mean([x.switches for x in o])),
+            "migration_s_mean": float(np.mean([x.migration_s for x in o])),
+            "states": [x.states for x in o], "certified": [x.certified for x in o],
+            "front_cut": any(x.front_cut for x in o)}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.2f}%" if math.isfinite(x) else ("n/a" if math.isnan(x) else "inf")
+
+
 def _markdown(run: ScenarioRun) -> str:
     s = run.settings
+    mig = s.migration
     lines = [f"# replan: {run.scenario.name}", "",
              run.scenario.description.strip(), "",
              (f"- iterations: {s.iterations} ({s.tokens_per_iteration} tokens each); "
-              f"seeds: {', '.join(map(str, run.seeds))}"),
-             (f"- migration cost: {s.migration_s:.1f} s per switch; look-ahead "
-              f"{s.lookahead_s:.0f} s; network states per seed: "
+              f"seeds: {', '.join(map(str, run.seeds))}; switch rule: {s.rule.name}"),
+             (f"- migrations: the state that changes owner over the state's links, plus a "
+              f"{mig.restart_s:g} s restart; checkpoints every "
+              f"{mig.checkpoint_interval_s:g} s ({s.checkpoint_write_s:.1f} s each; a "
+              f"failure reloads one in {s.reload_s:.1f} s); network states per seed: "
               f"{', '.join(str(len(t.states)) for t in run.timelines)}"), ""]
-    lines += [("| strategy | wall time (s), mean ± sd | vs static | tokens | switches "
-               "| migration (s) | planning charged (s) | no-plan stall (s) |"),
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [("| strategy | wall time (s), mean ± sd | regret to hindsight, mean [max] "
+               "| vs static | tokens/h | switches | migration (s) | moved (GB) "
+               "| lost iterations | planning charged (s) | no-plan stall (s) |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in summary_rows(run):
-        vs = (f"{row['vs_static_mean'] * 100:+.2f}%" if "vs_static_mean" in row and
-              math.isfinite(row["vs_static_mean"]) else "n/a")
         stalled = [t for t in row["stalled_at_s"] if t is not None]
         wall = (f"{_fmt(row['wall_s_mean'])} ± {_fmt(row['wall_s_std'])}" if not stalled else
                 f"stalls at {', '.join(f'{t:.0f} s' for t in stalled)}")
-        lines.append(f"| {row['strategy']} | {wall} | {vs} | {row['tokens_mean']:.3g} | "
-                     f"{row['switches_mean']:.1f} | {row['migration_s_mean']:.0f} | "
+        regret = (f"{_pct(row['regret_mean'])} [{_pct(row['regret_max'])}]"
+                  if "regret_mean" in row else "n/a")
+        lines.append(f"| {row['strategy']} | {wall} | {regret} | "
+                     f"{_pct(row.get('vs_static_mean', math.nan))} | "
+                     f"{row['tokens_per_hour_mean']:.3g} | {row['switches_mean']:.1f} | "
+                     f"{row['migration_s_mean']:.0f} | {row['moved_GB_mean']:.0f} | "
+                     f"{row['lost_iterations_mean']:.0f} | "
                      f"{row['planning_charged_s_mean']:.2f} | {row['stall_s_mean']:.0f} |")
+    orow = oracle_row(run)
+    if orow is not None:
+        lines.append(f"| hindsight | {_fmt(orow['wall_s_mean'])} ± {_fmt(orow['wall_s_std'])} "
+                     f"| +0.00% | | | {orow['switches_mean']:.1f} | "
+                     f"{orow['migration_s_mean']:.0f} | | | | |")
+        lines.append(
+            f"\nhindsight oracle: lower bound on any schedule {_fmt(orow['lower_bound_s_mean'])} s "
+            f"(oracle within {_pct(orow['bound_gap_max'])} of it); distinct network states "
+            f"per seed {orow['states']}, of which proven optimal {orow['certified']}"
+            + ("; a Pareto front was cut (schedule not proven best)"
+               if orow["front_cut"] else ""))
     for name, why in run.skipped.items():
         lines.append(f"\n`{name}`: {why}")
+    lines.append("\n" + latency_line(run))
+    return "\n".join(lines) + "\n"
+
+
+def latency_line(run: ScenarioRun) -> str:
+    """Measured decision latencies (they differ from run to run; not in the tables)."""
+    out = []
     if run.policy_latencies:
         lat = np.array(run.policy_latencies) * 1e3
-        lines.append(f"\npolicy decision latency: median {np.median(lat):.1f} ms, max "
-                     f"{lat.max():.1f} ms over {len(lat)} decisions")
+        out.append(f"policy decision latency (measured): median {np.median(lat):.1f} ms, "
+                   f"max {lat.max():.1f} ms over {len(lat)} decisions")
     if run.exact_latencies:
         lat = np.array(run.exact_latencies)
-        lines.append(f"\nexact decision latency: median {np.median(lat):.2f} s, max "
-                     f"{lat.max():.2f} s over {len(lat)} solves")
-    return "\n".join(lines) + "\n"
+        out.append(f"exact decision latency (measured): median {np.median(lat):.2f} s, max "
+                   f"{lat.max():.2f} s over {len(lat)} searches")
+    return "; ".join(out)
 
 
 def plot_timeline(run: ScenarioRun, path: Path, seed_index: int = 0) -> Path:
@@ -256,10 +342,18 @@ def write_outputs(run: ScenarioRun, out: str | Path) -> list[Path]:
 
 def summary_doc(run: ScenarioRun) -> dict[str, Any]:
     """What summary.json holds (and ``hetpar replan --json`` prints)."""
+    st = run.settings
     return {"scenario": run.scenario.name, "seeds": list(run.seeds),
-            "iterations": run.settings.iterations,
-            "tokens_per_iteration": run.settings.tokens_per_iteration,
-            "migration_s": run.settings.migration_s, "lookahead_s": run.settings.lookahead_s,
+            "iterations": st.iterations,
+            "tokens_per_iteration": st.tokens_per_iteration,
+            "switch_rule": st.rule.name,
+            "migration": {"restart_s": st.migration.restart_s,
+                          "storage_GBps": st.migration.storage_GBps,
+                          "checkpoint_interval_s": st.migration.checkpoint_interval_s,
+                          "checkpoint_write_s": st.checkpoint_write_s,
+                          "reload_s": st.reload_s},
             "skipped": run.skipped, "summary": summary_rows(run),
+            "hindsight": {"summary": oracle_row(run),
+                          "runs": [o.to_dict() for o in run.oracles]},
             "policy_latency_s": run.policy_latencies, "exact_latency_s": run.exact_latencies,
             "runs": {k: [r.to_dict() for r in v] for k, v in run.results.items()}}

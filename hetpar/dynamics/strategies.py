@@ -5,26 +5,27 @@ for ``robust`` a set of sampled states) as a ``Problem`` (``Planners.problem``) 
 returns a ``Solution`` through ``hetpar.agents.planning.plan``: the plan, its value in
 that state and the wall time it took.
 
-* ``static``: the best plan for the start state (time-limited exact search, planned
+* ``static``: the best plan for the start state (node-budgeted exact search, planned
   offline before the job starts); keeps it unless it becomes invalid (a host it uses is
   lost), then re-plans the same way.
 * ``robust``: the CVaR-optimal plan over bandwidth states drawn from the scenario's
   processes (an independent realisation), kept like ``static``'s.
+* ``library``: the re-planners' ablation: starts with ``static``'s plan and holds
+  ``robust``'s; at a change offers those two (no planner), re-planning like ``static``
+  only when neither can run. What a re-planner gains over it, its planner gains.
 * ``policy``: starts from ``static``'s plan and, at every change, asks the trained policy
-  for a plan for the new state (milliseconds, charged as stall); candidates are that plan,
-  the plans already used in this run and ``robust``'s plan (planned offline with
-  ``static``'s), those still valid.
-* ``exact``: the same with the time-limited exact search; the oracle does not pay its
-  planning time, ``exact-rt`` (realistic) pays it as stall.
+  for a plan for the new state (charged ``POLICY_CHARGE_S``); it offers that plan, the
+  plans already used in this run and ``robust``'s plan, those still valid.
+* ``exact``: the same with the node-budgeted exact search, its planning not charged;
+  ``exact-rt`` charges it (``EXACT_NODE_S`` per node).
 
-The time-limited exact search is ``solve(..., certify=False)``: a hard deadline, the
-Metis-style and Megatron-style seeds (not the policy's plan), no ranking of subtrees and
-no lower-bound bisection (those can run minutes past the limit on 16-GPU clusters, and a
-re-planner must decide in time).
+The re-planners' exact search is ``solve(..., certify=False, node_limit=REPLAN_NODES)``:
+the Metis-style and Megatron-style seeds (not the policy's plan), the first-stage
+subtrees in order, stopped after a number of search steps, so the same plans on every
+machine (``time_limit_s`` with ``node_limit=None``: a clock instead).
 
-The simulator (``simulator.py``) decides whether to switch to the candidate: only when the
-expected gain over the look-ahead window exceeds the migration cost, or when the current
-plan is no longer valid.
+The simulator (``simulator.py``) picks among the offered plans with the switch rule
+(``switching.py``), the same for every strategy.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from hetpar.cluster.bandwidth import Constant
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
+from hetpar.dynamics.migration import Flows, migration_flows
 from hetpar.dynamics.scenario import NetworkState
 from hetpar.errors import HetparError, InfeasibleError, PlanError
 from hetpar.plan import Plan, validate_plan
@@ -57,21 +59,36 @@ __all__ = [
     "PolicyUnavailable",
     "REPLAN_BEAM",
     "REPLAN_BUDGET_S",
+    "REPLAN_NODES",
+    "POLICY_CHARGE_S",
+    "EXACT_NODE_S",
     "REPLAN_REFINE_STEPS",
     "Strategy",
     "cluster_at",
     "make_strategy",
 ]
 
-STRATEGIES = ("static", "robust", "policy", "exact", "exact-rt")
+STRATEGIES = ("static", "robust", "library", "policy", "exact", "exact-rt")
 
 # The policy re-planner's defaults: one rollout and a short refinement decide fast and
 # already beat static and robust (docs/results-dynamic.md measures wider beams).
 REPLAN_BEAM = 1
 REPLAN_REFINE_STEPS = 150
-# Wall-clock budget of one policy decision: the refinement (anytime) stops when it is
-# spent, so a slow machine or a long pipeline costs plan polish, not a late decision.
+# Wall-clock budget of one policy decision, for a caller who wants one (``hetpar replan
+# --decision-ms``): the refinement (anytime) stops when it is spent, so a slow machine
+# costs plan polish, not a late decision, but the plans then depend on the machine. The
+# simulator's default is none: the refinement's step budget alone bounds a decision.
 REPLAN_BUDGET_S = 0.045
+# Search steps of one exact re-planning search (``solve(certify=False, node_limit=)``):
+# about 2 s on a 4-host cluster on the machine the docs' figures come from, and the same
+# plans on every machine.
+REPLAN_NODES = 20_000
+# What a decision is charged as stall, modelled rather than measured so that a run's
+# results do not depend on the machine: a policy decision its latency target (decisions
+# measure well under it: docs/results-dynamic.md), an exact search per node visited (the
+# rate measured on 4-host scenarios, docs/results-dynamic.md).
+POLICY_CHARGE_S = 0.05
+EXACT_NODE_S = 2.5e-4
 
 
 class PolicyUnavailable(Exception):
@@ -93,17 +110,18 @@ def cluster_at(cluster: Cluster, bandwidth: np.ndarray) -> Cluster:
 @dataclass
 class Planners:
     """Shared planning context with memo tables (shared by strategies and seeds: plans
-    depend only on the state, and a cached plan is charged its first measured time)."""
+    depend only on the state; what a decision is charged is modelled, not measured)."""
 
     model: ModelSpec
     training: TrainingSpec
-    time_limit_s: float = 5.0
+    time_limit_s: float = 5.0  # of an exact search when ``node_limit`` is None
+    node_limit: int | None = REPLAN_NODES
     policy_path: str | None = None
     trust_pickle: bool = False  # a format-1 (pickled) policy file may be loaded
     beam: int | None = None  # of the policy's planning (None: REPLAN_BEAM)
     refine_steps: int | None = None  # of each refinement (None: REPLAN_REFINE_STEPS)
     refine_candidates: int | None = None  # structures refined besides the greedy one
-    decision_budget_s: float | None = REPLAN_BUDGET_S  # of a policy decision (None: none)
+    decision_budget_s: float | None = None  # of a policy decision (None: none)
     robust_objective: str = "cvar0.9"
     robust_samples: int = 32
     # Per topology, the problem whose cost model every state of it shares (its
@@ -111,6 +129,8 @@ class Planners:
     _problems: dict[str, Problem] = field(default_factory=dict)
     _scores: dict[tuple, float] = field(default_factory=dict)
     _plans: dict[tuple, Solution] = field(default_factory=dict)
+    _flows: dict[tuple, Flows] = field(default_factory=dict)
+    bytes_per_param: float = 14.0  # of the model state a migration moves
     _bundle: Any = None
     _plan_cache: Any = None  # the policy planner's environments per topology (PlanCache)
     _bundle_error: str = ""
@@ -146,13 +166,29 @@ class Planners:
 
     def iteration_time(self, plan: Plan | None, state: NetworkState) -> float:
         """Seconds per iteration of ``plan`` in ``state`` (inf: invalid or does not fit)."""
-        if not self.valid(plan, state):
+        if plan is None:
             return math.inf
         key = (state.key, plan)
         hit = self._scores.get(key)
         if hit is None:
-            times, fits = self.cost_model(state).iteration_times(plan)  # type: ignore[arg-type]
-            hit = self._scores[key] = float(times[0]) if fits else math.inf
+            if not self.valid(plan, state):
+                hit = math.inf
+            else:
+                times, fits = self.cost_model(state).iteration_times(plan)
+                hit = float(times[0]) if fits else math.inf
+            self._scores[key] = hit
+        return hit
+
+    def flows(self, a: Plan, b: Plan, state: NetworkState) -> Flows:
+        """What switching from ``a`` to ``b`` moves on ``state``'s cluster (its links'
+        bytes: the same in every bandwidth state of one topology)."""
+        assert state.cluster is not None
+        key = (a, b, state.topology)
+        hit = self._flows.get(key)
+        if hit is None:
+            hit = self._flows[key] = migration_flows(
+                a, b, state.cluster, self.model, self.cost_model(state).constants,
+                self.bytes_per_param)
         return hit
 
     # -- planners ----------------------------------------------------------------------
@@ -161,8 +197,11 @@ class Planners:
         nothing fits."""
         start = time.perf_counter()
         try:
-            # Without the policy's plan as a start: this is the oracle the policy's
-            # strategy is measured against, and it must not load a policy per state.
+            # Without the policy's plan as a start: the exact re-planner is measured
+            # against the policy's, and it must not load a policy per state.
+            if self.node_limit is not None:
+                return planning.plan(problem, "exact", certify=False, policy_start=False,
+                                     node_limit=self.node_limit)
             return planning.plan(problem, "exact", time_limit=self.time_limit_s,
                                  certify=False, policy_start=False)
         except InfeasibleError:
@@ -177,6 +216,25 @@ class Planners:
             hit = self._bounded_exact(self.problem(state))
             self._plans[key] = hit
             self.exact_latencies.append(hit.wall_s)
+        return hit
+
+    def certified(self, state: NetworkState, node_limit: int) -> Solution:
+        """The hindsight oracle's plan for ``state``: the exact search under a budget of
+        ``node_limit`` steps, proven optimal where it finishes (its certificate says
+        so), else the best found with a lower bound (the root bound's bisection)."""
+        if state.cluster is None:
+            return _no_plan("exact", Objective("mean"))
+        key = ("certified", state.key, node_limit)
+        hit = self._plans.get(key)
+        if hit is None:
+            problem = self.problem(state)
+            start = time.perf_counter()
+            try:
+                hit = planning.plan(problem, "exact", certify=False, policy_start=False,
+                                    node_limit=node_limit)
+            except InfeasibleError:
+                hit = _no_plan("exact", problem.objective, time.perf_counter() - start)
+            self._plans[key] = hit
         return hit
 
     def robust(self, state: NetworkState, states: np.ndarray) -> Solution:
@@ -263,12 +321,21 @@ class Planners:
 
 @dataclass(frozen=True)
 class Decision:
-    """A strategy's proposal at a state change."""
+    """A strategy's proposal at a state change: the plans it offers (each with the
+    planner that produced it); the simulator's switch rule picks among them."""
 
-    candidate: Plan | None  # the plan it would run (may be the current one)
+    options: tuple[tuple[Plan, str], ...]
     planning_s: float  # wall time of planning (measured, or the cached first measurement)
-    charged_s: float  # the part charged to the run as stall
-    source: str = ""  # which planner produced the candidate
+    charged_s: float  # the part charged to the run as stall (a modelled time: see
+    # POLICY_CHARGE_S and EXACT_NODE_S, so that results do not depend on the machine)
+
+    @property
+    def candidate(self) -> Plan | None:
+        return self.options[0][0] if self.options else None
+
+
+def _offer(plan: Plan | None, source: str) -> tuple[tuple[Plan, str], ...]:
+    return ((plan, source),) if plan is not None else ()
 
 
 class Strategy:
@@ -291,15 +358,15 @@ class Strategy:
         res = self.plan_for(state)
         if res.plan is not None:
             self.library.append(res.plan)
-        return Decision(res.plan, res.wall_s, 0.0, res.method)
+        return Decision(_offer(res.plan, res.method), res.wall_s, 0.0)
 
     def on_change(self, state: NetworkState, current: Plan | None) -> Decision:
         if self.p.valid(current, state):
-            return Decision(current, 0.0, 0.0, "keep")
+            return Decision(_offer(current, "keep"), 0.0, 0.0)
         res = self.plan_for(state)
         if res.plan is not None and res.plan not in self.library:
             self.library.append(res.plan)
-        return Decision(res.plan, res.wall_s, 0.0, res.method)
+        return Decision(_offer(res.plan, res.method), res.wall_s, 0.0)
 
 
     def robust_plan(self, state: NetworkState) -> Solution:
@@ -330,7 +397,8 @@ class Replanner(Strategy):
         super().__init__(planners, **kw)
         self.method = method
         self.charge = charge
-        self.name = {"policy": "policy", "exact": "exact-rt" if charge else "exact"}[method]
+        self.name = {"policy": "policy", "library": "library",
+                     "exact": "exact-rt" if charge else "exact"}[method]
 
     def initial(self, state: NetworkState) -> Decision:
         """``static``'s plan; the CVaR-robust plan, also planned before the job starts, is
@@ -346,21 +414,32 @@ class Replanner(Strategy):
         return dec
 
     def on_change(self, state: NetworkState, current: Plan | None) -> Decision:
-        known = [(self.p.iteration_time(plan, state), i + 1, plan, "library")
-                 for i, plan in enumerate(self.library)]
+        known = [(self.p.iteration_time(plan, state), plan) for plan in self.library]
+        if self.method == "library":
+            # The ablation of the re-planners: no planner at a change, only the plans held
+            # before the job (static's and robust's), re-planned as static re-plans when
+            # none of them can run.
+            held = tuple((plan, "library") for t, plan in known if math.isfinite(t))
+            if held:
+                return Decision(held, 0.0, 0.0)
+            res = self.p.exact(state)
+            if res.plan is not None and res.plan not in self.library:
+                self.library.append(res.plan)
+            return Decision(_offer(res.plan, res.method), res.wall_s, 0.0)
         if self.method == "policy":
             # The library's best in this state is what the policy's plan must beat: its
             # refinement prunes every completion that would not (fewer search steps).
             res = self.p.policy(state, min((o[0] for o in known), default=math.inf))
+            charge = POLICY_CHARGE_S
         else:
             res = self.p.exact(state)
-        options = [(self.p.iteration_time(res.plan, state), 0, res.plan, res.method), *known]
-        value, _, best, source = min(options, key=lambda o: (o[0], o[1]))
-        if not math.isfinite(value):
-            best, source = None, res.method
-        if best is not None and best not in self.library:
-            self.library.append(best)
-        return Decision(best, res.wall_s, res.wall_s if self.charge else 0.0, source)
+            charge = (res.certificate.nodes if res.certificate else 0) * EXACT_NODE_S
+        options = list(_offer(res.plan, res.method))
+        options += [(plan, "library") for t, plan in known
+                    if math.isfinite(t) and plan != res.plan]
+        if res.plan is not None and res.plan not in self.library:
+            self.library.append(res.plan)
+        return Decision(tuple(options), res.wall_s, charge if self.charge else 0.0)
 
 
 def make_strategy(name: str, planners: Planners, *, robust_states: np.ndarray | None = None,
@@ -370,6 +449,8 @@ def make_strategy(name: str, planners: Planners, *, robust_states: np.ndarray | 
         return Strategy(planners, **kw)
     if name == "robust":
         return Robust(planners, **kw)
+    if name == "library":
+        return Replanner(planners, "library", False, **kw)
     if name == "policy":
         planners.bundle()  # raises PolicyUnavailable early
         return Replanner(planners, "policy", True, **kw)

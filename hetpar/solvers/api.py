@@ -71,7 +71,8 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
           time_limit: float | None = None, budget: int = 200, rng_seed: int | None = None,
           progress: Callable[[Progress], None] | None = None,
           executor: SearchExecutor | None = None, certify: bool = True,
-          starts: Iterable[Start] = (), runtime: str = "any") -> Solution:
+          starts: Iterable[Start] = (), runtime: str = "any",
+          node_limit: int | None = None) -> Solution:
     """Find a plan of ``problem`` with ``method``.
 
     ``exact`` proves optimality over the plan space (``time_limit`` makes it anytime);
@@ -93,7 +94,9 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     (metis, megatron, the starts), in this process, its subtrees in their natural order
     (no dive, no ranking) and, when stopped, no lower-bound bisection (the certificate's
     bound is then the compute floor). Those steps can run minutes past the limit on
-    16-GPU clusters.
+    16-GPU clusters. ``node_limit`` (with ``certify=False``) also stops it after that
+    many search steps (one per node): a budget that, unlike a time limit, gives the same
+    answer on every machine (the re-planning simulator's searches).
 
     ``runtime`` (``hetpar.runtime.rules``): the framework the plan must run on. ``exact``
     then searches only the plans it can run (its seeds and starts included: one it cannot
@@ -109,6 +112,10 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
     if not certify and (method != "exact" or workers != 1 or executor is not None):
         raise ConfigError("", "certify", "certify=False is an option of the exact search "
                                          "in this process (method exact, one worker)")
+    if node_limit is not None and certify:
+        raise ConfigError("", "node_limit", "node_limit is an option of certify=False")
+    if node_limit is not None and node_limit < 1:
+        raise ConfigError("", "node_limit", f"must be at least 1, got {node_limit}")
     if starts and method != "exact":
         raise ConfigError("", "starts", f"start plans seed the exact search only, not "
                                         f"method {method!r}")
@@ -139,7 +146,7 @@ def solve(problem: Problem, method: str = "exact", *, workers: int = 1,
         seeds = [sd for sd in _score_starts(problem, starts)
                  if rt.unrestricted or (sd[1] is not None and not check_plan(sd[1], rt))]
         sol = _exact(cm, space, obj, workers, time_limit, progress, executor, certify, seeds,
-                     time.perf_counter() - t0, rt.name)
+                     time.perf_counter() - t0, rt.name, node_limit)
     if sol.plan is not None and sol.found and not rt.unrestricted:
         why = check_plan(sol.plan, rt)
         if why:
@@ -239,21 +246,23 @@ def _exact(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
            time_limit: float | None, progress: Callable[[Progress], None] | None,
            executor: SearchExecutor | None, certify: bool = True,
            starts: list[_Seed] | None = None, starts_s: float = 0.0,
-           runtime: str = "any") -> Solution:
+           runtime: str = "any", node_limit: int | None = None) -> Solution:
     timings = {"starts": starts_s} if starts else {}
     with few_collections():
         return _exact_search(cm, space, obj, workers, time_limit, progress, executor,
-                             certify, starts or [], timings, runtime)
+                             certify, starts or [], timings, runtime, node_limit)
 
 
 def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   time_limit: float | None, progress: Callable[[Progress], None] | None,
                   executor: SearchExecutor | None, certify: bool, starts: list[_Seed],
-                  timings: dict[str, float], runtime: str = "any") -> Solution:
+                  timings: dict[str, float], runtime: str = "any",
+                  node_limit: int | None = None) -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
     if not certify:
-        return _deadline_search(cm, space, obj, time_limit, starts, timings, runtime)
+        return _deadline_search(cm, space, obj, time_limit, starts, timings, runtime,
+                                node_limit)
     # The first level is listed, ranked and sorted where it is small enough; else its
     # stages are taken lazily, in order of their GPU count (``LIST_STAGES``).
     first_level = space.count_stage_choices(space.capacity)
@@ -477,7 +486,8 @@ def _details(starts: list[_Seed]) -> dict[str, Any]:
 
 def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
                      time_limit: float | None, starts: list[_Seed],
-                     timings: dict[str, float], runtime: str = "any") -> Solution:
+                     timings: dict[str, float], runtime: str = "any",
+                     node_limit: int | None = None) -> Solution:
     """``solve(certify=False)``: the exact search under a hard deadline (see ``solve``).
 
     The re-planner's plans must not change with this driver's other modes, so this is
@@ -498,11 +508,14 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
     # Lazily (as root_tasks(depth=1) orders them): a 16-host cluster has hundreds of
     # millions of first stages.
     cut: list[bool] = []
+    left = node_limit
     for task in first_stage_tasks(space, until=problem.deadline, cut=cut):
-        if time.time() > problem.deadline:
+        if time.time() > problem.deadline or (left is not None and left <= 0):
             finished = False
             break
-        res = search_subtree(problem, task, incumbent, bounds)
+        res = search_subtree(problem, task, incumbent, bounds, max_steps=left)
+        if left is not None:
+            left -= max(res.steps, 1)
         counters.add(res.counters)
         finished = finished and res.finished
         if res.plan is not None and res.value < best_v:
@@ -512,13 +525,18 @@ def _deadline_search(cm: CostModel, space: PlanSpace, obj: Objective,
     timings["search"] = max(0.0, wall - caller_s)
     if best_p is None and finished:
         raise InfeasibleError("no feasible plan: no plan of the space fits in memory")
-    # Without the bisection the only bound of an unfinished search is the compute floor.
+    # Without the bisection the only bound of an unfinished search is the compute floor;
+    # under a node budget (no clock to keep) the root bound's bisection, to its end.
     lb = best_v if finished else min(_compute_floor(cm), best_v)
+    if not finished and node_limit is not None and math.isfinite(best_v):
+        probe = Searcher(problem, LocalIncumbent(best_v), bounds)
+        lb = min(root_lower_bound(bounds, probe.combos, best_v, steps=10, lower=lb), best_v)
     cert = Certificate(optimal=finished and math.isfinite(best_v), lower_bound=lb,
                        nodes=counters.nodes, leaves=counters.leaves,
                        pruned_bound=counters.pruned_bound, pruned_memory=counters.pruned_memory,
                        pruned_symmetry=counters.pruned_symmetry, wall_s=wall, workers=1,
-                       stopped="" if finished else "time limit")
+                       stopped="" if finished else
+                       ("node limit" if left is not None and left <= 0 else "time limit"))
     return Solution("exact", obj.name, best_p, _estimate(cm, best_p), best_v, wall,
                     evaluations=counters.leaves, certificate=cert,
                     found_by=found_by if best_p is not None else "", timings=timings,

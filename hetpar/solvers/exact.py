@@ -119,6 +119,7 @@ class TaskResult:
     counters: Counters
     finished: bool
     wall_s: float = 0.0  # a seed task's own seconds (its part of the answer's timings)
+    steps: int = 0  # search steps taken under a step budget (``max_steps``)
 
 
 class _Stop(Exception):
@@ -982,9 +983,12 @@ def make_bounds(problem: SearchProblem) -> Bounds:
 
 def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],
                    incumbent: Incumbent, bounds: Bounds | None = None,
-                   stop: Callable[[], bool] | None = None) -> TaskResult:
+                   stop: Callable[[], bool] | None = None,
+                   max_steps: int | None = None) -> TaskResult:
     """Search one task (a bare prefix means every plan that starts with it). ``stop``: a
-    seed task's dive ends early when it returns True (every subtree is done)."""
+    seed task's dive ends early when it returns True (every subtree is done).
+    ``max_steps``: a budget of search steps (one per node), after which the task stops
+    unfinished: the same answer on every machine."""
     if not isinstance(task, Task):
         task = Task(tuple(task))
     if task.seed:
@@ -994,7 +998,8 @@ def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],
         # thousands of first stages queued, building each one's root bound outran the
         # limit many times over.
         return TaskResult(math.inf, None, Counters(), False)
-    s = Searcher(problem, incumbent, bounds)
+    s = (Searcher(problem, incumbent, bounds) if max_steps is None else
+         BudgetSearcher(problem, incumbent, bounds, max_steps=max_steps))
     space = problem.space
     free = space.capacity
     sym = SymmetryCheck.start(space)
@@ -1027,7 +1032,8 @@ def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],
                 s.close(task.prefix, closed)
     except _Stop:
         finished = False
-    return TaskResult(s.best_value, s.best_plan, s.counters, finished)
+    return TaskResult(s.best_value, s.best_plan, s.counters, finished,
+                      steps=s.steps if isinstance(s, BudgetSearcher) else 0)
 
 
 def _run_seed(problem: SearchProblem, task: Task, incumbent: Incumbent,

@@ -1,0 +1,221 @@
+"""The hindsight oracle: the best schedule of plans for a whole run, knowing its future.
+
+Given the run's timeline, the oracle finds when to run which plan by dynamic programming
+over the network states, with the same account of progress, checkpoints, failures and
+migrations as every strategy (``simulator.advance``, ``migration.py``). Its plans are
+each distinct state's plan from a node-budgeted exact search (proven optimal for that
+state where the search finishes, else given with its lower bound) and every plan the
+strategies ran, so that no strategy's schedule lies outside its space: every strategy's
+regret to it is >= 0. Switches happen at state changes, as the strategies'.
+
+The DP keeps, per plan, the Pareto front of (iterations done, end of the current stall,
+iterations the last checkpoint holds): more done, an earlier end of stall and a later
+checkpoint are each never worse for the rest of the run, so a dominated position is
+dropped. A front is cut to ``MAX_FRONT`` positions (most done first) where it would grow
+beyond it; ``OracleResult.front_cut`` says whether that happened (then the schedule is
+the best found, not proven best over the space).
+
+``lower_bound_s`` bounds every schedule of every plan of the space from below: each
+state run at its certified lower bound on the iteration time, with free switches and no
+failure losses (checkpoint writes are paid by every schedule and kept).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetpar.dynamics.scenario import Timeline
+from hetpar.dynamics.simulator import Progress, SimSettings, advance, plan_hosts
+from hetpar.dynamics.strategies import Planners
+from hetpar.plan import Plan
+from hetpar.problem import Solution
+
+__all__ = ["MAX_FRONT", "ORACLE_NODES", "OracleResult", "hindsight"]
+
+# Search steps of each state's exact search: where it ends within them, the state's plan
+# is proven optimal. Deterministic, unlike a time limit.
+ORACLE_NODES = 60_000
+MAX_FRONT = 32
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    wall_s: float  # the best schedule's finish (inf: none finishes)
+    lower_bound_s: float  # no schedule of any plan of the space finishes before
+    iterations: float
+    switches: int
+    failures: int
+    migration_s: float
+    schedule: tuple[tuple[float, int], ...]  # (time, plan id) of each start or switch
+    plans: tuple[Plan, ...]
+    states: int  # distinct network states of the run
+    certified: int  # of them, those whose exact search finished (plan proven optimal)
+    front_cut: bool
+    max_front: int
+
+    @property
+    def finished(self) -> bool:
+        return math.isfinite(self.wall_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s if self.finished else None,
+                "lower_bound_s": self.lower_bound_s if math.isfinite(self.lower_bound_s)
+                else None,
+                "switches": self.switches, "failures": self.failures,
+                "migration_s": self.migration_s,
+                "schedule": [{"t_s": t, "plan": i} for t, i in self.schedule],
+                "plans": [p.describe() for p in self.plans],
+                "distinct_states": self.states, "certified_states": self.certified,
+                "front_cut": self.front_cut, "max_front": self.max_front}
+
+
+@dataclass(frozen=True)
+class _Label:
+    pos: Progress
+    history: tuple  # (previous history, (time, plan id)) or ()
+    switches: int
+    failures: int
+    migration_s: float
+
+
+def _dominated(a: Progress, b: Progress) -> bool:
+    """``b`` is at least as good as ``a`` in every respect."""
+    return b.done >= a.done and b.busy_until <= a.busy_until and b.checkpoint >= a.checkpoint
+
+
+def _front(labels: list[_Label]) -> tuple[list[_Label], bool]:
+    labels.sort(key=lambda lb: (-lb.pos.done, lb.pos.busy_until, -lb.pos.checkpoint,
+                                lb.switches))
+    keep: list[_Label] = []
+    for lb in labels:
+        if not any(_dominated(lb.pos, k.pos) for k in keep):
+            keep.append(lb)
+    cut = len(keep) > MAX_FRONT
+    return keep[:MAX_FRONT], cut
+
+
+def _state_solutions(timeline: Timeline, planners: Planners,
+                     node_limit: int) -> dict[tuple, Solution]:
+    out: dict[tuple, Solution] = {}
+    for st in timeline.states:
+        if st.key not in out:
+            out[st.key] = planners.certified(st, node_limit)
+    return out
+
+
+def hindsight(timeline: Timeline, planners: Planners, settings: SimSettings,
+              extra_plans: Iterable[Plan] = (), *,
+              node_limit: int = ORACLE_NODES) -> OracleResult:
+    """The best schedule for ``timeline`` over each state's exact plan and
+    ``extra_plans`` (the strategies'), and a lower bound on every schedule."""
+    states = timeline.states
+    sols = _state_solutions(timeline, planners, node_limit)
+    plans: list[Plan] = []
+    for p in [*(s.plan for s in sols.values()), *extra_plans]:
+        if p is not None and p not in plans:
+            plans.append(p)
+    n_target = float(settings.iterations)
+    hosts = [plan_hosts(p) for p in plans]
+    restart = settings.migration.restart_s
+    reload_s = settings.reload_s
+    labels: dict[int, list[_Label]] = {}  # plan index (-1: none) -> front
+    finishes: list[tuple[float, _Label, int]] = []
+    cut_any = False
+    max_front = 0
+    for k, st in enumerate(states):
+        s, e = st.start_s, (st.end_s if k + 1 < len(states) else math.inf)
+        times = np.array([planners.iteration_time(p, st) for p in plans])
+        valid = [i for i in range(len(plans)) if math.isfinite(times[i])]
+        new: dict[int, list[_Label]] = {}
+
+        def add(i: int, lb: _Label) -> None:
+            new.setdefault(i, []).append(lb)
+
+        if k == 0:
+            for i in valid:
+                add(i, _Label(Progress(), ((), (s, i)), 0, 0, 0.0))
+            if not valid:
+                add(-1, _Label(Progress(), (), 0, 0, 0.0))
+        else:
+            lost = set(st.lost_hosts)
+            for i, front in labels.items():
+                for lb in front:
+                    failed = i >= 0 and bool(hosts[i] & lost)
+                    pos = lb.pos
+                    if failed:
+                        pos = Progress(pos.checkpoint, pos.busy_until, pos.checkpoint)
+                    pos = Progress(pos.done, max(s, pos.busy_until), pos.checkpoint)
+                    keeps = i >= 0 and not failed and i in valid
+                    fails = lb.failures + failed
+                    if keeps:
+                        add(i, _Label(pos, lb.history, lb.switches, fails, lb.migration_s))
+                    for j in valid:
+                        if j == i:
+                            continue
+                        if keeps:
+                            cost = planners.flows(plans[i], plans[j], st).seconds(
+                                st.bandwidth) + restart
+                        elif i < 0 or failed:
+                            cost = reload_s
+                        else:
+                            cost = planners.flows(plans[i], plans[j], st).seconds(
+                                st.bandwidth) + restart
+                        add(j, _Label(Progress(pos.done, pos.busy_until + cost, pos.checkpoint),
+                                      (lb.history, (s, j)), lb.switches + 1, fails,
+                                      lb.migration_s + cost))
+                    if not valid and not keeps:
+                        add(-1, _Label(pos, lb.history, lb.switches, fails, lb.migration_s))
+        labels = {}
+        for i, front in new.items():
+            iter_s = float(times[i]) if i >= 0 else math.inf
+            moved: list[_Label] = []
+            for lb in front:
+                pos, fin = advance(lb.pos, iter_s, s, e, n_target, settings)
+                out = _Label(Progress(pos.done, max(pos.busy_until, e) if math.isfinite(e)
+                                      else pos.busy_until, pos.checkpoint),
+                             lb.history, lb.switches, lb.failures, lb.migration_s)
+                if fin is not None:
+                    finishes.append((fin, out, i))
+                else:
+                    moved.append(out)
+            if moved:
+                labels[i], cut = _front(moved)
+                cut_any |= cut
+                max_front = max(max_front, len(labels[i]))
+        if finishes or not labels:
+            break
+    lower = _fluid_bound(timeline, planners, settings, sols, plans)
+    if not finishes:
+        return OracleResult(math.inf, lower, 0.0, 0, 0, 0.0, (), tuple(plans), len(sols),
+                            sum(bool(s.certificate and s.certificate.optimal)
+                                for s in sols.values()), cut_any, max_front)
+    fin, best, _ = min(finishes, key=lambda f: (f[0], f[1].switches))
+    sched: list[tuple[float, int]] = []
+    h = best.history
+    while h:
+        h, step = h
+        sched.append(step)
+    return OracleResult(fin, min(lower, fin), n_target, best.switches - 0, best.failures,
+                        best.migration_s, tuple(reversed(sched)), tuple(plans), len(sols),
+                        sum(bool(s.certificate and s.certificate.optimal)
+                            for s in sols.values()), cut_any, max_front)
+
+
+def _fluid_bound(timeline: Timeline, planners: Planners, settings: SimSettings,
+                 sols: dict[tuple, Solution], plans: list[Plan]) -> float:
+    pos = Progress()
+    states = timeline.states
+    for k, st in enumerate(states):
+        s, e = st.start_s, (st.end_s if k + 1 < len(states) else math.inf)
+        sol = sols[st.key]
+        lb = sol.certificate.lower_bound if sol.certificate else sol.value
+        best = min([lb, *(planners.iteration_time(p, st) for p in plans)])
+        pos, fin = advance(pos, best, s, e, float(settings.iterations), settings)
+        if fin is not None:
+            return fin
+    return math.inf

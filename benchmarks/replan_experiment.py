@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from hetpar.dynamics.experiment import (  # noqa: E402
     oracle_row,
+    pct,
     run_scenario,
     summary_rows,
     write_outputs,
@@ -44,12 +45,6 @@ from hetpar.workload.training import load_training  # noqa: E402
 STRATEGIES = ("static", "robust", "library", "policy", "exact", "exact-rt")
 REGRET_TARGET = 0.05
 LATENCY_TARGET_MS = 50.0
-
-
-def pct(x: float) -> str:
-    if math.isnan(x):
-        return "n/a"
-    return f"{x * 100:+.2f}%" if math.isfinite(x) else "inf"
 
 
 def main() -> int:

@@ -209,7 +209,8 @@ def oracle_row(run: ScenarioRun) -> dict[str, Any] | None:
             "front_cut": any(x.front_cut for x in o)}
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A relative difference as a signed percentage (n/a: undefined, inf: no finish)."""
     return f"{x * 100:+.2f}%" if math.isfinite(x) else ("n/a" if math.isnan(x) else "inf")
 
 
@@ -233,10 +234,10 @@ def _markdown(run: ScenarioRun) -> str:
         stalled = [t for t in row["stalled_at_s"] if t is not None]
         wall = (f"{_fmt(row['wall_s_mean'])} ± {_fmt(row['wall_s_std'])}" if not stalled else
                 f"stalls at {', '.join(f'{t:.0f} s' for t in stalled)}")
-        regret = (f"{_pct(row['regret_mean'])} [{_pct(row['regret_max'])}]"
+        regret = (f"{pct(row['regret_mean'])} [{pct(row['regret_max'])}]"
                   if "regret_mean" in row else "n/a")
         lines.append(f"| {row['strategy']} | {wall} | {regret} | "
-                     f"{_pct(row.get('vs_static_mean', math.nan))} | "
+                     f"{pct(row.get('vs_static_mean', math.nan))} | "
                      f"{row['tokens_per_hour_mean']:.3g} | {row['switches_mean']:.1f} | "
                      f"{row['migration_s_mean']:.0f} | {row['moved_GB_mean']:.0f} | "
                      f"{row['lost_iterations_mean']:.0f} | "
@@ -248,7 +249,7 @@ def _markdown(run: ScenarioRun) -> str:
                      f"{orow['migration_s_mean']:.0f} | | | | |")
         lines.append(
             f"\nhindsight oracle: lower bound on any schedule {_fmt(orow['lower_bound_s_mean'])} s "
-            f"(oracle within {_pct(orow['bound_gap_max'])} of it); distinct network states "
+            f"(oracle within {pct(orow['bound_gap_max'])} of it); distinct network states "
             f"per seed {orow['states']}, of which proven optimal {orow['certified']}"
             + ("; a Pareto front was cut (schedule not proven best)"
                if orow["front_cut"] else ""))

@@ -121,7 +121,6 @@ def hindsight(timeline: Timeline, planners: Planners, settings: SimSettings,
             plans.append(p)
     n_target = float(settings.iterations)
     hosts = [plan_hosts(p) for p in plans]
-    restart = settings.migration.restart_s
     reload_s = settings.reload_s
     labels: dict[int, list[_Label]] = {}  # plan index (-1: none) -> front
     finishes: list[tuple[float, _Label, int]] = []
@@ -157,14 +156,9 @@ def hindsight(timeline: Timeline, planners: Planners, settings: SimSettings,
                     for j in valid:
                         if j == i:
                             continue
-                        if keeps:
-                            cost = planners.flows(plans[i], plans[j], st).seconds(
-                                st.bandwidth) + restart
-                        elif i < 0 or failed:
-                            cost = reload_s
-                        else:
-                            cost = planners.flows(plans[i], plans[j], st).seconds(
-                                st.bandwidth) + restart
+                        # From the checkpoint with no plan or a failed one, else live.
+                        cost = (reload_s if i < 0 or failed else
+                                planners.switch_s(plans[i], plans[j], st, settings.migration))
                         add(j, _Label(Progress(pos.done, pos.busy_until + cost, pos.checkpoint),
                                       (lb.history, (s, j)), lb.switches + 1, fails,
                                       lb.migration_s + cost))
@@ -190,20 +184,19 @@ def hindsight(timeline: Timeline, planners: Planners, settings: SimSettings,
         if finishes or not labels:
             break
     lower = _fluid_bound(timeline, planners, settings, sols, plans)
+    certified = sum(bool(s.certificate and s.certificate.optimal) for s in sols.values())
     if not finishes:
         return OracleResult(math.inf, lower, 0.0, 0, 0, 0.0, (), tuple(plans), len(sols),
-                            sum(bool(s.certificate and s.certificate.optimal)
-                                for s in sols.values()), cut_any, max_front)
+                            certified, cut_any, max_front)
     fin, best, _ = min(finishes, key=lambda f: (f[0], f[1].switches))
     sched: list[tuple[float, int]] = []
     h = best.history
     while h:
         h, step = h
         sched.append(step)
-    return OracleResult(fin, min(lower, fin), n_target, best.switches - 0, best.failures,
+    return OracleResult(fin, min(lower, fin), n_target, best.switches, best.failures,
                         best.migration_s, tuple(reversed(sched)), tuple(plans), len(sols),
-                        sum(bool(s.certificate and s.certificate.optimal)
-                            for s in sols.values()), cut_any, max_front)
+                        certified, cut_any, max_front)
 
 
 def _fluid_bound(timeline: Timeline, planners: Planners, settings: SimSettings,

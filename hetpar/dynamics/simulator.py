@@ -91,7 +91,7 @@ def advance(pos: Progress, iter_s: float, start: float, end: float, target: floa
         nxt = (math.floor(t / every) + 1) * every if math.isfinite(every) else math.inf
         seg_end = min(end, nxt)
         run_from = max(t, busy)
-        if run_from < seg_end and math.isfinite(iter_s):
+        if run_from < seg_end:
             need = (target - done) * iter_s
             if run_from + need <= seg_end:
                 if segments is not None:
@@ -225,19 +225,19 @@ def simulate(timeline: Timeline, strategy: Strategy, planners: Planners,
                     cost, kind = settings.reload_s, "recover"
                 else:  # the plan's hosts are there but it no longer runs (e.g. memory)
                     flows = planners.flows(plan, choice[0], st)
-                    cost = flows.seconds(st.bandwidth) + settings.migration.restart_s
+                    cost = planners.switch_s(plan, choice[0], st, settings.migration)
                 if k > 0:
                     forced += 1
         else:
             best = 0.0
             for o, t_o, src in options:
-                f = planners.flows(plan, o, st)
-                m = f.seconds(st.bandwidth) + settings.migration.restart_s
-                back = (planners.flows(o, plan, st).seconds(st.bandwidth)
-                        + settings.migration.restart_s) if rule.kind == "expected" else 0.0
+                m = planners.switch_s(plan, o, st, settings.migration)
+                back = (planners.switch_s(o, plan, st, settings.migration)
+                        if rule.kind == "expected" else 0.0)
                 net = rule.saving_s(plan, cur_t, o, t_o, work, belief, k, back) - m
                 if net > best:
-                    best, choice, cost, flows = net, (o, t_o, src), m, f
+                    best, choice, cost = net, (o, t_o, src), m
+                    flows = planners.flows(plan, o, st)
         if choice is not None:
             new, new_t, src = choice
             if k > 0:

@@ -44,8 +44,8 @@ from hetpar.cluster.bandwidth import Constant
 from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
-from hetpar.dynamics.migration import Flows, migration_flows
-from hetpar.dynamics.scenario import NetworkState
+from hetpar.dynamics.migration import Flows, migration_flows, migration_s
+from hetpar.dynamics.scenario import Migration, NetworkState
 from hetpar.errors import HetparError, InfeasibleError, PlanError
 from hetpar.plan import Plan, validate_plan
 from hetpar.problem import Problem, Solution
@@ -179,6 +179,10 @@ class Planners:
             self._scores[key] = hit
         return hit
 
+    def switch_s(self, a: Plan, b: Plan, state: NetworkState, migration: Migration) -> float:
+        """Seconds a live switch from ``a`` to ``b`` stalls the job in ``state``."""
+        return migration_s(self.flows(a, b, state), state.bandwidth, migration)
+
     def flows(self, a: Plan, b: Plan, state: NetworkState) -> Flows:
         """What switching from ``a`` to ``b`` moves on ``state``'s cluster (its links'
         bytes: the same in every bandwidth state of one topology)."""
@@ -192,16 +196,17 @@ class Planners:
         return hit
 
     # -- planners ----------------------------------------------------------------------
-    def _bounded_exact(self, problem: Problem) -> Solution:
-        """The exact search under a hard deadline (``certify=False``); no plan when
-        nothing fits."""
+    def _bounded_exact(self, problem: Problem, node_limit: int | None = None) -> Solution:
+        """The exact search (``certify=False``) after ``node_limit`` steps (None: this
+        context's ``node_limit``, else its ``time_limit_s``); no plan when nothing fits."""
         start = time.perf_counter()
+        limit = node_limit or self.node_limit
         try:
             # Without the policy's plan as a start: the exact re-planner is measured
             # against the policy's, and it must not load a policy per state.
-            if self.node_limit is not None:
+            if limit is not None:
                 return planning.plan(problem, "exact", certify=False, policy_start=False,
-                                     node_limit=self.node_limit)
+                                     node_limit=limit)
             return planning.plan(problem, "exact", time_limit=self.time_limit_s,
                                  certify=False, policy_start=False)
         except InfeasibleError:
@@ -227,14 +232,7 @@ class Planners:
         key = ("certified", state.key, node_limit)
         hit = self._plans.get(key)
         if hit is None:
-            problem = self.problem(state)
-            start = time.perf_counter()
-            try:
-                hit = planning.plan(problem, "exact", certify=False, policy_start=False,
-                                    node_limit=node_limit)
-            except InfeasibleError:
-                hit = _no_plan("exact", problem.objective, time.perf_counter() - start)
-            self._plans[key] = hit
+            hit = self._plans[key] = self._bounded_exact(self.problem(state), node_limit)
         return hit
 
     def robust(self, state: NetworkState, states: np.ndarray) -> Solution:

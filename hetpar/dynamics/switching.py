@@ -37,12 +37,14 @@ class Belief:
 
     rate_of: Callable[[Plan, int], float]  # (plan, state index) -> iterations/s (0: cannot run)
     durations: list[float] = field(default_factory=list)  # finished states' durations
+    elapsed_s: float = 0.0  # their sum
     # Per plan: the time-weighted throughput summed over the first ``n`` finished states.
     _sums: dict[Plan, tuple[float, int]] = field(default_factory=dict)
 
     def observe(self, duration_s: float) -> None:
         """The state ``len(durations)`` ended after ``duration_s`` seconds."""
         self.durations.append(duration_s)
+        self.elapsed_s += duration_s
 
     def mean_rate(self, plan: Plan, now: int) -> float:
         """Time-weighted mean throughput of ``plan`` over the finished states and the
@@ -54,13 +56,12 @@ class Belief:
         h = self.holding_s()
         if not math.isfinite(h):
             return self.rate_of(plan, now)
-        total = sum(self.durations) + h
-        return (done + h * self.rate_of(plan, now)) / total
+        return (done + h * self.rate_of(plan, now)) / (self.elapsed_s + h)
 
     def holding_s(self) -> float:
         """Expected time the current state lasts: the mean duration of the finished ones
         (unknown before any has finished: infinite, i.e. it persists)."""
-        return sum(self.durations) / len(self.durations) if self.durations else math.inf
+        return self.elapsed_s / len(self.durations) if self.durations else math.inf
 
 
 @dataclass(frozen=True)

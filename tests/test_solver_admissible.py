@@ -132,7 +132,10 @@ def test_bounds_never_exceed_a_small_plan(seed):
 
 def test_crossing_terms_are_below_the_cost_models_transfers():
     """The per-side crossing charges are at most the boundary time the cost model gives
-    a micro-batch that leaves a host for another host or type."""
+    a micro-batch that leaves a host for another host or type, and the entry into the
+    stages the GPUs off a stage's hosts could form is at most the boundary into any of
+    them."""
+    entered = 0
     for seed in range(20):
         cluster, model, training, objective = small_instance(seed)
         cm = CostModel(cluster, model, training, samples=4, seed=seed)
@@ -143,6 +146,11 @@ def test_crossing_terms_are_below_the_cost_models_transfers():
             for m in space.micro_batch_options([a.dp, b.dp]):
                 real = bounds.boundary(a, b, m)
                 if set(a.hosts).isdisjoint(b.hosts):
+                    # b is among the stages the GPUs off a's hosts could form.
+                    off_a = tuple(0 if h in a.hosts else f
+                                  for h, f in enumerate(space.capacity))
+                    assert bounds.entry_time(off_a, m) <= real * (1 + 1e-9), (a, b, m)
+                    entered += 1
                     # Whole micro-batches leave a's hosts and enter b's.
                     assert bounds.type_crossing(tuple(b.hosts), m) <= real * (1 + 1e-9)
                     assert bounds.type_crossing(tuple(a.hosts), m) <= real * (1 + 1e-9)
@@ -156,6 +164,7 @@ def test_crossing_terms_are_below_the_cost_models_transfers():
                                              reverse=True))
                     y = bounds.spread_crossing(b.gpu_type, b.dp, tp_blocks, m)
                     assert y <= real * (1 + 1e-9)
+    assert entered > 0
 
 
 def _phase_floor(obj: Objective, samples: np.ndarray) -> float:

@@ -1004,6 +1004,31 @@ class Bounds:
         self._profiles[key] = out
         return out
 
+    def entry_time(self, free: tuple[int, ...], m: int) -> float:
+        """Least round trip into a stage built from the ``free`` GPUs (none on the hosts
+        of the stage before it) from outside its hosts: the host that receives the
+        largest share, at least ``1 / k`` of the micro-batch with ``k`` the free hosts of
+        its type, takes it in through its own cut. ``exit_time`` is the sender's side of
+        the same boundary: on a slow host after a fast one this side is the larger."""
+        room = tuple(h for h, f in enumerate(free) if f)
+        key = ("entry", room, m)
+        hit = self._profiles.get(key)
+        if hit is not None:
+            return hit
+        per_type: dict[str, int] = {}
+        for h in room:
+            t = self.cm.cluster.hosts[h].gpu.name
+            per_type[t] = per_type.get(t, 0) + 1
+        best = math.inf
+        lat = math.inf
+        for h in room:
+            k = per_type[self.cm.cluster.hosts[h].gpu.name]
+            best = min(best, self.cut_inv((h,)) / k)
+            lat = min(lat, self._least_latency((h,)))
+        out = 2.0 * (self._volume(m) * best + lat) if math.isfinite(best) else 0.0
+        self._profiles[key] = out
+        return out
+
     # ---- the tied embedding's gradient exchange ---------------------------------------
     def _tied_bytes(self) -> float:
         """Bytes per replica pair of the embedding gradient that the cost model exchanges
@@ -1126,7 +1151,9 @@ class Bounds:
         pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
                       for t in self.space.types]
         pool_types = [(t, g) for t, g in pool_types if any(g)]
-        exit_ = self.exit_time(prefix[-1], free, m) if pool_types else math.inf
+        exit_ = max(self.exit_time(prefix[-1], free, m), self.entry_time(free, m)) if (
+            pool_types and not any(free[h] for h in prefix[-1].hosts)) else (
+            0.0 if pool_types else math.inf)
         pool_a = self.pool_min_layer_time(pool_types, m, rc) if pool_types else math.inf
         c_in = [0.0] + trans
         last = prefix[-1]
@@ -1161,7 +1188,8 @@ class Bounds:
             if room_hosts and pool_types:
                 full = tuple(0 if h in last.hosts else f for h, f in enumerate(free))
                 conts = [(0.0, True, room_hosts),
-                         (self.exit_time(last, full, m), len(last.hosts) > 1, None)]
+                         (max(self.exit_time(last, full, m), self.entry_time(full, m)),
+                          len(last.hosts) > 1, None)]
             else:
                 conts = [(exit_, entry_free, None)]
             cases = [(ex, e_free, e_hosts, floor, last_hosts)
@@ -1328,7 +1356,9 @@ class Bounds:
                 per = self.pool_adjacency_time(free, m)
                 options = [(q * per, min(extra, cap - shift)) for q, cap in self.pool_capacities(
                     free, m, rc, key_tau, entry_free, floor, last_hosts, entry_hosts)]
-                options = [(add, cap) for add, cap in options if sum(caps) + cap >= L]
+                # (The stages to build hold a layer each, the last one with its head.)
+                options = [(add, cap) for add, cap in options
+                           if cap >= 1 and sum(caps) + cap >= L]
                 if not options:
                     return math.inf
                 # Least over the options, each first at its cheap bound (the greedy at

@@ -981,9 +981,14 @@ class Bounds:
 
     def exit_time(self, stage: StageChoice, free: tuple[int, ...], m: int) -> float:
         """Least round trip from ``stage`` to any stage after it: zero if one of its hosts
-        has GPUs left, else its whole micro-batch must leave through its hosts' uplinks."""
+        has GPUs left, else its whole micro-batch must leave through its hosts' uplinks
+        and enter the free hosts (``entry_time``), whichever side is slower."""
         if any(free[h] for h in stage.hosts):
             return 0.0
+        return max(self._uplink_time(stage, m), self.entry_time(free, m))
+
+    def _uplink_time(self, stage: StageChoice, m: int) -> float:
+        """Least round trip of a micro-batch out through the uplinks of ``stage``'s hosts."""
         key = ("exit", stage, m)
         hit = self._profiles.get(key)
         if hit is not None:
@@ -999,8 +1004,7 @@ class Bounds:
             self._profiles[key] = 0.0
             return 0.0
         copies = stage.tp if self.cm.framework.p2p_copy_per_tp_rank else 1
-        volume = self.batch / m * self.cm.seq_len * self.cm.model.hidden * 2.0 * copies
-        out = float(self.reduce(2.0 * volume / rate))
+        out = float(self.reduce(2.0 * self._volume(m) * copies / rate))
         self._profiles[key] = out
         return out
 
@@ -1008,8 +1012,8 @@ class Bounds:
         """Least round trip into a stage built from the ``free`` GPUs (none on the hosts
         of the stage before it) from outside its hosts: the host that receives the
         largest share, at least ``1 / k`` of the micro-batch with ``k`` the free hosts of
-        its type, takes it in through its own cut. ``exit_time`` is the sender's side of
-        the same boundary: on a slow host after a fast one this side is the larger."""
+        its type, takes it in through its own cut. On a slow host after a fast one this
+        side is the larger of the boundary's two (``exit_time``)."""
         room = tuple(h for h, f in enumerate(free) if f)
         key = ("entry", room, m)
         hit = self._profiles.get(key)
@@ -1151,9 +1155,7 @@ class Bounds:
         pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
                       for t in self.space.types]
         pool_types = [(t, g) for t, g in pool_types if any(g)]
-        exit_ = max(self.exit_time(prefix[-1], free, m), self.entry_time(free, m)) if (
-            pool_types and not any(free[h] for h in prefix[-1].hosts)) else (
-            0.0 if pool_types else math.inf)
+        exit_ = self.exit_time(prefix[-1], free, m) if pool_types else math.inf
         pool_a = self.pool_min_layer_time(pool_types, m, rc) if pool_types else math.inf
         c_in = [0.0] + trans
         last = prefix[-1]
@@ -1188,8 +1190,7 @@ class Bounds:
             if room_hosts and pool_types:
                 full = tuple(0 if h in last.hosts else f for h, f in enumerate(free))
                 conts = [(0.0, True, room_hosts),
-                         (max(self.exit_time(last, full, m), self.entry_time(full, m)),
-                          len(last.hosts) > 1, None)]
+                         (self.exit_time(last, full, m), len(last.hosts) > 1, None)]
             else:
                 conts = [(exit_, entry_free, None)]
             cases = [(ex, e_free, e_hosts, floor, last_hosts)

@@ -3,12 +3,25 @@
 A plan is a pipeline of stages; a stage holds ``layers`` transformer layers, runs them
 with ``tp``-way tensor parallelism and is replicated (data parallelism) over its
 ``replicas``, each replica being ``tp`` GPUs of one host.
+
+Format version 2 adds three whole-plan options (a version-1 file still reads, and a plan
+that uses none of them is written as version 1, so older readers keep reading it):
+
+* ``sequence_parallel``: Megatron-LM's sequence parallelism (Korthikanti et al., 2022):
+  the tensor-parallel group also splits the LayerNorm and dropout activations along the
+  sequence; it needs a stage with ``tp`` > 1.
+* ``virtual_stages``: the interleaved 1F1B schedule (Narayanan et al., 2021) with each
+  stage's layers in that many chunks; it needs two stages or more, a count dividing every
+  stage's layers, and a micro-batch count that is a multiple of the stage count (the
+  schedule runs micro-batches in groups of one per stage; Megatron-LM asserts it).
+* ``zero`` 2 and 3: gradients (2), and parameters too (3, as FSDP), sharded over each
+  stage's replicas; 0 and 1 as before (1 = Megatron-LM's distributed optimizer).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Plan", "Stage", "Replica", "validate_plan", "PLAN_VERSION"]
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+_V2_FIELDS = ("sequence_parallel", "virtual_stages")
 
 
 @dataclass(frozen=True)
@@ -51,7 +65,15 @@ class Plan:
     micro_batches: int
     recompute: str = "none"
     zero: int = 0
-    version: int = PLAN_VERSION
+    sequence_parallel: bool = False
+    virtual_stages: int = 1
+    # The format version it was read from (not part of the plan's identity).
+    version: int = field(default=1, compare=False)
+
+    @property
+    def format_version(self) -> int:
+        """The oldest format that expresses the plan (what ``to_dict`` writes)."""
+        return 2 if (self.sequence_parallel or self.virtual_stages != 1 or self.zero > 1) else 1
 
     @property
     def num_stages(self) -> int:
@@ -76,13 +98,17 @@ class Plan:
     def _parse(cls, data: Any, source: str) -> Plan:
         r = Reader.of(data, source)
         unknown = set(r.data) - {"version", "micro_batches", "recompute", "zero", "stages",
-                                 "meta"}
+                                 "meta", *_V2_FIELDS}
         if unknown:
             raise PlanError(source, sorted(map(str, unknown))[0], "unknown plan field")
-        version = r.int("version", PLAN_VERSION)
-        if version != PLAN_VERSION:
+        version = r.int("version", 1)
+        if version not in (1, PLAN_VERSION):
             raise PlanError(source, "version", f"unsupported plan version {version} "
-                                               f"(this hetpar reads version {PLAN_VERSION})")
+                                               f"(this hetpar reads versions 1 and {PLAN_VERSION})")
+        if version == 1:
+            newer = sorted(set(r.data) & set(_V2_FIELDS))
+            if newer:
+                raise PlanError(source, newer[0], "needs plan version 2 (set \"version\": 2)")
         stages = []
         for sr in r.sub_list("stages"):
             if set(sr.data) - {"layers", "tp", "replicas"}:
@@ -110,7 +136,9 @@ class Plan:
             stages=tuple(stages),
             micro_batches=r.int("micro_batches", minimum=1, maximum=limits.MAX_GLOBAL_BATCH),
             recompute=r.choice("recompute", RECOMPUTE_MODES, "none"),
-            zero=r.int("zero", 0, minimum=0, maximum=3),
+            zero=r.int("zero", 0, minimum=0, maximum=3 if version > 1 else 1),
+            sequence_parallel=r.bool("sequence_parallel", False),
+            virtual_stages=r.int("virtual_stages", 1, minimum=1, maximum=limits.MAX_LAYERS),
             version=version,
         )
 
@@ -131,15 +159,20 @@ class Plan:
         return cls.from_dict(data, str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
+        out: dict[str, Any] = {
+            "version": self.format_version,
             "micro_batches": self.micro_batches,
             "recompute": self.recompute,
             "zero": self.zero,
-            "stages": [{"layers": s.layers, "tp": s.tp,
-                        "replicas": [{"host": r.host, "gpus": list(r.gpus)} for r in s.replicas]}
-                       for s in self.stages],
         }
+        if self.format_version > 1:
+            out.update(sequence_parallel=self.sequence_parallel,
+                       virtual_stages=self.virtual_stages)
+        out["stages"] = [{"layers": s.layers, "tp": s.tp,
+                          "replicas": [{"host": r.host, "gpus": list(r.gpus)}
+                                       for r in s.replicas]}
+                         for s in self.stages]
+        return out
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -156,7 +189,10 @@ class Plan:
         for i, s in enumerate(self.stages):
             hosts = sorted({r.host for r in s.replicas})
             parts.append(f"S{i}[{s.layers}L tp{s.tp} dp{s.dp} on {','.join(hosts)}]")
-        return f"M={self.micro_batches} {self.recompute} zero{self.zero}: " + " | ".join(parts)
+        extra = (" sp" if self.sequence_parallel else "") + (
+            f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+        return (f"M={self.micro_batches} {self.recompute} zero{self.zero}{extra}: "
+                + " | ".join(parts))
 
 
 def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingSpec, *,
@@ -169,9 +205,15 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, training: Trai
     if plan.recompute not in training.recompute_modes:
         raise PlanError(source, "recompute", f"mode {plan.recompute!r} is not allowed by the "
                                              f"training spec ({', '.join(training.recompute_modes)})")
-    if plan.zero not in training.zero_stages:
+    # The training spec lists the ZeRO stages the searchers choose among (0, 1); stages 2
+    # and 3 are options of a plan the cost model scores but no searcher proposes yet.
+    if plan.zero < 2 and plan.zero not in training.zero_stages:
         raise PlanError(source, "zero", f"ZeRO stage {plan.zero} is not allowed by the training "
                                         f"spec ({', '.join(map(str, training.zero_stages))})")
+    if plan.sequence_parallel and all(s.tp == 1 for s in plan.stages):
+        raise PlanError(source, "sequence_parallel", "sequence parallelism splits activations "
+                                                     "over a tensor-parallel group: no stage "
+                                                     "has tp > 1")
     used: dict[tuple[str, int], str] = {}
     total_layers = 0
     for i, stage in enumerate(plan.stages):
@@ -214,3 +256,19 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, training: Trai
             raise PlanError(source, f"stages[{i}].replicas",
                             f"micro-batch of {mbs} sequences does not divide evenly over "
                             f"{stage.dp} replicas")
+    v = plan.virtual_stages
+    if v > 1:
+        p = plan.num_stages
+        if p < 2:
+            raise PlanError(source, "virtual_stages", "interleaving needs two pipeline stages "
+                                                      "or more")
+        for i, stage in enumerate(plan.stages):
+            if stage.layers % v:
+                raise PlanError(source, "virtual_stages",
+                                f"{v} virtual stages do not divide stage {i}'s "
+                                f"{stage.layers} layers")
+        if plan.micro_batches % p:
+            raise PlanError(source, "virtual_stages",
+                            f"the interleaved schedule runs micro-batches in groups of one per "
+                            f"stage: {plan.micro_batches} micro-batches are not a multiple of "
+                            f"{p} stages")

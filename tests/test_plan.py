@@ -253,7 +253,7 @@ def test_cost_model_validates(cluster, model, training):
 
 # ---- format errors ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", [0, 2])
+@pytest.mark.parametrize("version", [0, 3])
 def test_unsupported_version(version):
     doc = base_doc()
     doc["version"] = version

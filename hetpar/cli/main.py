@@ -12,6 +12,7 @@ such object per row), the tables ``render_solution``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -88,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--runtime", choices=RUNTIME_CHOICES, default=None,
                      help="warn when this framework cannot run the plan as it stands "
                           "(every estimate says which can)")
+    opts = est.add_argument_group(
+        "what if", "score the plan with one of its whole-plan options changed (the plan file "
+                   "stays as it is)")
+    opts.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction,
+                      default=None, help="Megatron-LM's sequence parallelism on or off")
+    opts.add_argument("--virtual-stages", type=int, default=None, metavar="V",
+                      help="chunks per stage of the interleaved 1F1B schedule (1: plain 1F1B)")
+    opts.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                      help="ZeRO stage: 1 shards optimizer states (Megatron-LM's distributed "
+                           "optimizer), 2 gradients too, 3 weights too (FSDP)")
     est.set_defaults(func=_cmd_estimate)
 
     sol = sub.add_parser(
@@ -299,6 +310,13 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--samples", "", f"must not be negative, got {args.samples}")
     cluster, model, training, constants = _load_instance(args)
     plan = Plan.load(args.plan)
+    changes = {k: v for k, v in (("sequence_parallel", args.sequence_parallel),
+                                 ("virtual_stages", args.virtual_stages),
+                                 ("zero", args.zero)) if v is not None}
+    if changes.get("virtual_stages", 1) < 1:
+        raise ConfigError("--virtual-stages", "", f"must be at least 1, got "
+                                                  f"{args.virtual_stages}")
+    plan = dataclasses.replace(plan, **changes)
     cm = CostModel(cluster, model, training, constants=constants, samples=args.samples,
                    seed=args.seed)
     est = cm.evaluate(plan, source=args.plan)

@@ -28,7 +28,9 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
     console.print(f"[bold]model[/]    {model.summary()}")
     console.print(f"[bold]plan[/]     {plan.num_stages} stages, {plan.num_gpus} GPUs, "
                   f"{plan.micro_batches} micro-batches, recompute {plan.recompute}, "
-                  f"ZeRO-{plan.zero}")
+                  f"ZeRO-{plan.zero}"
+                  f"{', sequence parallel' if plan.sequence_parallel else ''}"
+                  f"{f', {plan.virtual_stages} virtual stages (interleaved 1F1B)' if plan.virtual_stages > 1 else ''}")
 
     layout = Table(title="Plan", title_justify="left")
     for col in ("stage", "layers", "tp", "dp", "GPU type", "hosts"):

@@ -10,7 +10,8 @@ unequal sizes it is the time at which work-conserving sharing empties that chann
 from __future__ import annotations
 
 
-__all__ = ["ring_allreduce_time", "colocated_transfers", "colocated_split"]
+__all__ = ["ring_allreduce_time", "colocated_transfers", "colocated_split",
+           "sharded_dp_traffic"]
 
 
 def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_s: float) -> float:
@@ -18,6 +19,25 @@ def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_
     if n <= 1:
         return 0.0
     return 2.0 * (n - 1) / n * nbytes / bytes_per_s + 2.0 * (n - 1) * step_latency_s
+
+
+def sharded_dp_traffic(zero: int, micro_batches: int, weight_bytes: float,
+                       grad_bytes: float) -> tuple[float, float]:
+    """A stage's data-parallel traffic per iteration under ZeRO stage ``zero``, relative
+    to the one gradient all-reduce of stages 0 and 1: (bytes on each ring hop, collective
+    steps). An all-reduce is a reduce-scatter then an all-gather, each moving half its
+    bytes. ZeRO-1 (Megatron-LM's distributed optimizer) reduce-scatters the accumulated
+    gradients and all-gathers the updated weights once: as much as the all-reduce.
+    ZeRO-2 keeps no full gradient, so it reduce-scatters every micro-batch's gradients,
+    then all-gathers the weights once; ZeRO-3 (FSDP) also gathers every layer's weights
+    before its forward and again before its backward, on every micro-batch, and needs no
+    gather after the step. No overlap with compute is counted: an upper estimate."""
+    if zero < 2:
+        return 1.0, 1.0
+    m = float(micro_batches)
+    if zero == 2:
+        return (m * grad_bytes + weight_bytes) / (2.0 * grad_bytes), (m + 1.0) / 2.0
+    return (m * grad_bytes + 2.0 * m * weight_bytes) / (2.0 * grad_bytes), 1.5 * m
 
 
 def colocated_transfers(src: dict[int, float], dst: dict[int, float],

@@ -68,12 +68,17 @@ class StageWork:
 
 def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int, first: bool,
                last: bool, recompute: str, flash: bool, perf: GpuPerf,
-               c: CostConstants, fw: FrameworkConstants) -> StageWork:
+               c: CostConstants, fw: FrameworkConstants, *, sp: bool = False,
+               chunks: int = 1) -> StageWork:
+    """``sp``: sequence parallelism (the LayerNorm and dropout work split over the TP group
+    too; its reduce-scatter and all-gather move what the all-reduce moved); ``chunks``:
+    virtual stages, each pass of a micro-batch through one paying the per-micro-batch cost."""
     tokens = seqs * seq_len
     h = model.hidden
     mm_flops = tokens * 2.0 * model.matmul_params_per_layer / tp
     attn_flops = tokens * 4.0 * seq_len * h / tp
-    stream = c.elementwise_traffic * layer_activation_bytes(model, seqs, seq_len, tp, "none", flash)
+    stream = c.elementwise_traffic * layer_activation_bytes(model, seqs, seq_len, tp, "none",
+                                                            flash, sp)
     layer_fwd = (mm_flops + attn_flops) / perf.flops + stream / perf.hbm
     passes = 3.0  # forward, and a backward that launches twice the kernels
     if recompute == "full":
@@ -86,7 +91,7 @@ def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int
         layer_rc = 0.0
     fwd = layers * layer_fwd
     bwd = 2.0 * fwd
-    overhead = layers * passes * fw.layer_overhead_s + fw.microbatch_overhead_s
+    overhead = layers * passes * fw.layer_overhead_s + chunks * fw.microbatch_overhead_s
 
     # Megatron: two all-reduces of the layer output in forward, two in backward, and the
     # forward's two again when the whole layer is recomputed.

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from hetpar.cluster.topology import Cluster
-from hetpar.costmodel.comm import colocated_split, colocated_transfers, ring_allreduce_time
+from hetpar.costmodel.comm import (colocated_split, colocated_transfers, ring_allreduce_time,
+                                   sharded_dp_traffic)
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
 from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import in_flight, stage_bytes
 from hetpar.costmodel.objective import Objective, cvar
 from hetpar.costmodel.frame import CoreTerms, PlanFrame, SplitTables, StageFrame
-from hetpar.costmodel.schedule import cycle_transfers, one_f_one_b
+from hetpar.costmodel.schedule import interleaved_transfers, one_f_one_b
 from hetpar.errors import ConfigError, PlanError
 from hetpar.plan import Plan, validate_plan
 from hetpar.workload.model import ModelSpec
@@ -270,14 +271,15 @@ class CostModel:
         return self._perf[host]
 
     def stage_work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
-                   last: bool, recompute: str) -> StageWork:
+                   last: bool, recompute: str, sp: bool = False, chunks: int = 1) -> StageWork:
         """Per micro-batch work of one replica (memoised; ``perf`` from ``host_perf``)."""
-        key = (id(perf), seqs, tp, layers, first, last, recompute)  # perfs live as long as self
+        # perfs live as long as self
+        key = (id(perf), seqs, tp, layers, first, last, recompute, sp, chunks)
         work = self._work_cache.get(key)
         if work is None:
             work = stage_work(self.model, self.seq_len, seqs, tp, layers, first, last, recompute,
                               self.training.flash_attention, perf, self.constants,
-                              self.framework)
+                              self.framework, sp=sp, chunks=chunks)
             self._work_cache[key] = work
         return work
 
@@ -400,27 +402,29 @@ class CostModel:
         out = self._crossing_cache[key] = (loads, local, hop_lat)
         return out
 
-    def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: int,
-                     first: bool, last: bool, recompute: str, zero: bool) -> tuple[float, float]:
+    def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: float,
+                     first: bool, last: bool, recompute: str, zero: int, sp: bool = False,
+                     ) -> tuple[float, float]:
         """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica.
 
         ``inflight`` is how many micro-batches' activations it holds at once under 1F1B."""
-        key = (layers, tp, dp, seqs, first, last, inflight, recompute, zero)
+        key = (layers, tp, dp, seqs, first, last, inflight, recompute, int(zero), sp)
         hit = self._memory_cache.get(key)
         if hit is not None:
             return hit
         params, used = self._stage_bytes(layers, tp, dp, seqs, inflight, first, last,
-                                         recompute, zero)
+                                         recompute, zero, sp)
         out = self._memory_cache[key] = (params, used)
         return out
 
-    def _stage_bytes(self, layers: Any, tp: int, dp: int, seqs: float, inflight: int,
-                     first: bool, last: bool, recompute: str, zero: bool) -> tuple[Any, Any]:
+    def _stage_bytes(self, layers: Any, tp: int, dp: int, seqs: float, inflight: float,
+                     first: bool, last: bool, recompute: str, zero: int, sp: bool = False,
+                     ) -> tuple[Any, Any]:
         """``stage_memory`` unmemoised; ``layers`` may be an int or an array of counts
         (elementwise the same arithmetic, so the same values)."""
         return stage_bytes(self.model, self.seq_len, layers, tp, dp, seqs, inflight, first,
-                           last, recompute, zero, flash=self.training.flash_attention,
-                           constants=self.constants, framework=self.framework)
+                           last, recompute, int(zero), flash=self.training.flash_attention,
+                           constants=self.constants, framework=self.framework, sp=sp)
 
     def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
         """The layer-independent terms of ``plan``'s pipeline structure (memoised): every
@@ -428,18 +432,20 @@ class CostModel:
         index = self.cluster.host_index
         host_ids = tuple(tuple(index[r.host] for r in st.replicas) for st in plan.stages)
         key = (host_ids, tuple(st.tp for st in plan.stages), plan.micro_batches,
-               plan.recompute, plan.zero)
+               plan.recompute, plan.zero, plan.sequence_parallel, plan.virtual_stages)
         hit = self._frames.get(key)
         if hit is None:
             hit = self._build_frame(host_ids, key[1], plan.micro_batches, plan.recompute,
-                                    plan.zero == 1, source)
+                                    plan.zero, source, plan.sequence_parallel,
+                                    plan.virtual_stages)
             if len(self._frames) >= _FRAME_CACHE:
                 del self._frames[next(iter(self._frames))]  # the oldest
             self._frames[key] = hit
         return hit
 
     def _build_frame(self, host_ids: tuple[tuple[int, ...], ...], tps: tuple[int, ...], m: int,
-                     recompute: str, zero: bool, source: str) -> PlanFrame:
+                     recompute: str, zero: int, source: str, sp: bool = False,
+                     virtual: int = 1) -> PlanFrame:
         c = self.constants
         fw = self.framework
         model = self.model
@@ -447,6 +453,7 @@ class CostModel:
         mb = self.training.global_batch // m
         p = len(host_ids)
         step = fw.step_latency_s
+        dp_volume, dp_steps = sharded_dp_traffic(zero, m, c.weight_bytes, c.grad_bytes)
         stages: list[StageFrame] = []
         dp_coef: dict[int, list[float]] = {}  # channel -> bytes per parameter of each stage
         dp_fixed: dict[int, float] = {}
@@ -475,7 +482,7 @@ class CostModel:
             order: dict[int, int] = {}
             for h in ids:
                 order[h] = order.get(h, 0) + 1
-            sf = StageFrame(tp=tp, dp=dp, seqs=mb / dp, inflight=in_flight(i, p, m),
+            sf = StageFrame(tp=tp, dp=dp, seqs=mb / dp, inflight=in_flight(i, p, m, virtual),
                             first=i == 0, last=i == p - 1, host_ids=ids,
                             perfs=perfs,  # type: ignore[arg-type]  (None ruled out above)
                             kinds=kinds,  # type: ignore[arg-type]
@@ -487,12 +494,14 @@ class CostModel:
             if dp > 1 and n > 1:
                 # A ring over the hosts; each hop's channels carry 2(n-1)/n of the gradient.
                 per_param = 2.0 * (n - 1) / n * c.grad_bytes * tp
+                if zero > 1:
+                    per_param *= dp_volume
                 hop_lat = 0.0
                 for a, b in zip(hosts, hosts[1:] + hosts[:1]):
                     for ch in routes[a][b]:
                         dp_coef.setdefault(ch, [0.0] * p)[i] += per_param
                     hop_lat = max(hop_lat, lat[a][b])
-                dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + step))
+                dp_lat = max(dp_lat, 2.0 * (n - 1) * (hop_lat + step) * dp_steps)
             if i < p - 1:
                 loads, b_intra[i], hop = self.boundary_flows(
                     ids, host_ids[i + 1], tp, tps[i + 1], mb, sf.intra_bw, sf.intra_step)
@@ -502,6 +511,18 @@ class CostModel:
                     b_chans.extend(loads)
                     b_loads.extend(loads.values())
                     b_lat.append(hop)
+        if virtual > 1 and p > 1:
+            # Interleaving's wrap from the last stage's chunks to the first's: one more column.
+            last = stages[-1]
+            loads, wrap_intra, hop = self.boundary_flows(
+                host_ids[-1], host_ids[0], tps[-1], tps[0], mb, last.intra_bw, last.intra_step)
+            b_intra.append(wrap_intra)
+            if loads:
+                b_starts.append(len(b_chans))
+                b_cols.append(p - 1)
+                b_chans.extend(loads)
+                b_loads.extend(loads.values())
+                b_lat.append(hop)
 
         if fw.tied_embedding_sync and model.tied_embeddings and p > 1:
             # Megatron all-reduces the tied embedding's gradient between first and last stage.
@@ -530,10 +551,15 @@ class CostModel:
             times = self.inv_bw[:, b_chans] * np.array(b_loads)
             inter = np.maximum.reduceat(times, b_starts, axis=1) + np.array(b_lat)
             boundary[:, b_cols] = np.maximum(boundary[:, b_cols], 2.0 * inter)
-        transfers, crossing = cycle_transfers(boundary)
+        wrap = np.zeros(k)
+        if virtual > 1 and p > 1:
+            boundary, wrap = boundary[:, :p - 1].copy(), boundary[:, p - 1].copy()
+        transfers, crossing = interleaved_transfers(boundary, wrap, virtual)
         chans = list(dict.fromkeys([*dp_coef, *dp_fixed]))
         return PlanFrame(
             stages=tuple(stages), micro_batches=m, recompute=recompute, zero=zero,
+            sequence_parallel=sp, virtual_stages=virtual, wrap=wrap,
+            dp_volume=dp_volume if zero > 1 else 1.0,
             boundary=boundary, cycle_transfers=transfers, boundary_total=crossing,
             dp_inv_bw=self.inv_bw[:, chans],
             dp_per_param=np.array([dp_coef.get(ch, [0.0] * p) for ch in chans]).reshape(
@@ -548,6 +574,7 @@ class CostModel:
         """``core`` of the plan with ``frame``'s structure and these layers per stage."""
         c = self.constants
         recompute, zero = frame.recompute, frame.zero
+        sp, chunks = frame.sequence_parallel, frame.virtual_stages
         p = frame.num_stages
         works: list[StageWork] = []
         params_l: list[float] = []
@@ -557,10 +584,11 @@ class CostModel:
         feasible = True
         for i, (sf, n) in enumerate(zip(frame.stages, layers)):
             params, used = self.stage_memory(n, sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
-                                             sf.last, recompute, zero)
+                                             sf.last, recompute, zero, sp)
             slowest: StageWork | None = None
             for perf in sf.kinds:
-                work = self.stage_work(perf, sf.seqs, sf.tp, n, sf.first, sf.last, recompute)
+                work = self.stage_work(perf, sf.seqs, sf.tp, n, sf.first, sf.last, recompute,
+                                       sp, chunks)
                 if slowest is None or work.total > slowest.total:
                     slowest = work
             assert slowest is not None
@@ -574,9 +602,11 @@ class CostModel:
                 # Replicas sharing a host reduce over its scale-up link first.
                 dp_intra[i] = ring_allreduce_time(params * c.grad_bytes, sf.host_members,
                                                   sf.intra_bw, sf.intra_step)
+                if zero > 1:
+                    dp_intra[i] *= frame.dp_volume
         stage_s = np.array([w.total for w in works])
         pipe, cycle = one_f_one_b(stage_s, frame.boundary, frame.micro_batches,
-                                  (frame.cycle_transfers, frame.boundary_total))
+                                  (frame.cycle_transfers, frame.boundary_total), chunks)
         dp_time: np.ndarray | float = max(dp_intra)
         if frame.dp_fixed.size:
             # The all-reduces run concurrently: their max-min fair completion (comm.py).
@@ -589,27 +619,29 @@ class CostModel:
     def split_tables(self, frame: PlanFrame) -> SplitTables:
         """``frame``'s per-stage terms for every layer count of each stage (the
         layer-dependent half of ``core_split``, tabulated for a batch of splits)."""
-        rows = [self._stage_row(sf, frame.recompute, frame.zero) for sf in frame.stages]
+        rows = [self._stage_row(sf, frame.recompute, frame.zero, frame.sequence_parallel,
+                                frame.virtual_stages, frame.dp_volume) for sf in frame.stages]
         return SplitTables(*(np.stack(col) for col in zip(*rows)))
 
-    def _stage_row(self, sf: StageFrame, recompute: str, zero: bool,
-                   ) -> tuple[np.ndarray, ...]:
+    def _stage_row(self, sf: StageFrame, recompute: str, zero: int, sp: bool = False,
+                   chunks: int = 1, dp_volume: float = 1.0) -> tuple[np.ndarray, ...]:
         """One stage's (work, params, fits, opt, intra) for 0..L layers (memoised: stages
         of the same kinds, shape and position recur across structures)."""
         key = (tuple(id(k) for k in sf.kinds), sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
-               sf.last, recompute, zero, sf.usable_bytes, sf.hbm, sf.host_members,
-               sf.intra_bw, sf.intra_step)
+               sf.last, recompute, int(zero), sp, chunks, dp_volume, sf.usable_bytes, sf.hbm,
+               sf.host_members, sf.intra_bw, sf.intra_step)
         hit = self._row_cache.get(key)
         if hit is not None:
             return hit
         c = self.constants
         n = np.arange(self.model.layers + 1)
         par, used = self._stage_bytes(n, sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
-                                      sf.last, recompute, zero)
+                                      sf.last, recompute, zero, sp)
         # The slowest kind, as core_split picks it (stage_work is elementwise arithmetic).
         work = np.max([stage_work(self.model, self.seq_len, sf.seqs, sf.tp, n, sf.first,
                                   sf.last, recompute, self.training.flash_attention, perf,
-                                  c, self.framework).total for perf in sf.kinds], axis=0)
+                                  c, self.framework, sp=sp, chunks=chunks).total
+                       for perf in sf.kinds], axis=0)
         work[0] = np.inf  # a stage holds at least one layer
         params = np.asarray(par, dtype=float)
         fits = np.asarray(used <= sf.usable_bytes)
@@ -618,6 +650,8 @@ class CostModel:
         if sf.host_members > 1:
             intra = ring_allreduce_time(params * c.grad_bytes, sf.host_members, sf.intra_bw,
                                         sf.intra_step)
+            if zero > 1:
+                intra = intra * dp_volume
         out = self._row_cache[key] = (work, params, fits, opt, intra)
         for a in out:
             a.setflags(write=False)
@@ -637,7 +671,13 @@ class CostModel:
             cycle = (stage_s + frame.cycle_transfers[0]).max(axis=1)[:, None]
         else:
             cycle = (stage_s[:, None, :] + frame.cycle_transfers[None, :, :]).max(axis=2)
-        total = stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :] + (m - 1) * cycle
+        if frame.virtual_stages == 1:
+            total = (stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :]
+                     + (m - 1) * cycle)
+        else:
+            v = frame.virtual_stages
+            total = m * cycle + (stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :]
+                                 - cycle) / v
         dp_time = tables.intra.take(flat).max(axis=1)[:, None]
         if frame.dp_fixed.size:
             params = tables.params.take(flat)
@@ -675,9 +715,15 @@ class CostModel:
         p = plan.num_stages
         fw = self.framework
         total = core.total
+        steady = float((plan.micro_batches - 1) * core.cycle.mean())
+        if plan.virtual_stages == 1:
+            fill = float(core.stage_s.sum() + core.boundary.sum(axis=1).mean())
+        else:  # what the pipeline takes beyond its steady state
+            fill = float(np.mean(total - core.dp_time) - core.opt_s
+                         - fw.iteration_overhead_s) - steady
         breakdown = {
-            "pipeline_fill": float(core.stage_s.sum() + core.boundary.sum(axis=1).mean()),
-            "pipeline_steady": float((plan.micro_batches - 1) * core.cycle.mean()),
+            "pipeline_fill": fill,
+            "pipeline_steady": steady,
             "dp_allreduce": float(np.mean(core.dp_time)),
             "optimizer": core.opt_s,
             "fixed_overhead": fw.iteration_overhead_s,

@@ -29,7 +29,7 @@ class StageFrame:
     tp: int
     dp: int
     seqs: float  # sequences per replica per micro-batch
-    inflight: int  # micro-batches whose activations it holds under 1F1B
+    inflight: float  # micro-batches whose activations it holds under 1F1B
     first: bool
     last: bool
     host_ids: tuple[int, ...]  # per replica
@@ -50,7 +50,7 @@ class PlanFrame:
     stages: tuple[StageFrame, ...]
     micro_batches: int
     recompute: str
-    zero: bool
+    zero: int
     boundary: np.ndarray  # (K, p-1) seconds per boundary, forward and backward
     cycle_transfers: np.ndarray  # (K, p) the transfers in each stage's steady-state cycle
     boundary_total: np.ndarray  # (K,) the first micro-batch's trip across every boundary
@@ -58,6 +58,10 @@ class PlanFrame:
     dp_per_param: np.ndarray  # (C, p) bytes on each channel per parameter of each stage
     dp_fixed: np.ndarray  # (C,) bytes on each channel independent of the split
     dp_latency: float  # latency of the inter-host all-reduce steps
+    sequence_parallel: bool = False
+    virtual_stages: int = 1  # chunks per stage (interleaved 1F1B)
+    wrap: np.ndarray | None = None  # (K,) last stage back to the first, when interleaved
+    dp_volume: float = 1.0  # data-parallel bytes relative to one all-reduce (ZeRO-2/3)
 
     @property
     def num_stages(self) -> int:

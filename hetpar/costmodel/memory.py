@@ -7,6 +7,10 @@ tensor-parallel degree ``t`` (2-byte values, no sequence parallelism):
 * ``selective``: s b (10 h + A / t)                      (attention core recomputed)
 * ``full``:      2 s b h                                 (only the layer input is kept)
 
+Sequence parallelism splits the LayerNorm and dropout activations (the 10 h) and the
+layer input kept by full recomputation over the TP group as well: s b (10 h + A) / t,
+and 2 s b h / t (Korthikanti et al., 2022, Table 2: 34 s b h / t for GPT).
+
 where ``A = 4 h + 4 h_kv + c f`` bytes per token are the tensor-split activations
 (Q, K, V, attention output, MLP intermediates; ``c`` = 4 for GeLU, 6 for SwiGLU), which
 gives Korthikanti's 24 h for GPT (h_kv = h, f = 4 h).
@@ -19,6 +23,8 @@ offers: the one statement of what fits, used by the cost model
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from hetpar.cluster.gpu import GpuType
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants
@@ -39,12 +45,14 @@ def attention_score_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int) 
 
 
 def layer_activation_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int, mode: str,
-                           flash: bool) -> float:
-    """Bytes one layer keeps for backward, per micro-batch of ``seqs`` sequences."""
+                           flash: bool, sp: bool = False) -> float:
+    """Bytes one layer keeps for backward, per micro-batch of ``seqs`` sequences
+    (``sp``: with sequence parallelism)."""
     tokens = seqs * seq_len
     if mode == "full":
-        return 2.0 * tokens * model.hidden
-    base = tokens * (10.0 * model.hidden + split_activation_bytes_per_token(model) / tp)
+        return 2.0 * tokens * model.hidden / (tp if sp else 1)
+    base = tokens * (10.0 * model.hidden / (tp if sp else 1)
+                     + split_activation_bytes_per_token(model) / tp)
     if mode == "selective" or flash:
         return base
     return base + attention_score_bytes(model, seqs, seq_len, tp)
@@ -63,9 +71,16 @@ def stage_params_per_gpu(model: ModelSpec, layers: int, tp: int, first: bool, la
     return params
 
 
-def in_flight(stage: int, num_stages: int, micro_batches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at once under 1F1B."""
-    return min(num_stages - stage, micro_batches)
+def in_flight(stage: int, num_stages: int, micro_batches: int, virtual: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at once under 1F1B; with
+    ``virtual`` > 1 chunks per stage (interleaved 1F1B), in whole-stage units: Megatron-LM
+    runs 2 (p - i - 1) + (v - 1) p warm-up chunk passes, then holds one more, each chunk
+    1/v of the stage's layers, so stage 0 holds p + (p - 1) / v micro-batches: the
+    (1 + (p - 1) / (p v)) factor of Korthikanti et al. (2022), section 4.2.3."""
+    if virtual == 1:
+        return min(num_stages - stage, micro_batches)
+    chunks = 2 * (num_stages - stage - 1) + (virtual - 1) * num_stages + 1
+    return min(chunks, micro_batches * virtual) / virtual
 
 
 def logits_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int,
@@ -75,24 +90,38 @@ def logits_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int,
 
 
 def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, seqs: float,
-                inflight: int, first: bool, last: bool, recompute: str, zero: bool, *,
+                inflight: float, first: bool, last: bool, recompute: str, zero: int, *,
                 flash: bool, constants: CostConstants, framework: FrameworkConstants,
-                ) -> tuple[Any, Any]:
+                sp: bool = False) -> tuple[Any, Any]:
     """(parameters per GPU, peak bytes per GPU) of a stage of ``layers`` layers on ``tp``
     GPUs per replica and ``dp`` replicas, with micro-batches of ``seqs`` sequences of which
-    it holds ``inflight`` at once under 1F1B: model states (optimizer states sharded over
-    the replicas under ZeRO-1), activations, the layer a full recomputation materialises
-    and the last stage's logits. ``layers`` may be an int or an array of counts
-    (elementwise the same arithmetic, so the same values)."""
+    it holds ``inflight`` at once under 1F1B: model states (sharded over the replicas:
+    optimizer states from ZeRO-1, gradients from ZeRO-2, weights from ZeRO-3, which then
+    gathers two layers' weights, the one computing and the one prefetched, and holds one
+    layer's full gradients before they are reduce-scattered: so ZeRO-3 never needs more
+    than ZeRO-1, nor ZeRO-1 more than ZeRO-0), activations (``sp``: with
+    sequence parallelism), the layer a full recomputation materialises and the last
+    stage's logits. ``layers`` may be an int or an array of counts (elementwise the same
+    arithmetic, so the same values)."""
     c, fw = constants, framework
     params = stage_params_per_gpu(model, layers, tp, first, last)
-    states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
-        dp if zero else 1)
-    act = layers * layer_activation_bytes(model, seqs, seq_len, tp, recompute, flash) * inflight
+    if zero < 2:
+        states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
+            dp if zero else 1)
+    else:
+        weights = params * c.weight_bytes / (dp if zero >= 3 else 1)
+        states = weights + params * (c.grad_bytes + fw.optimizer_bytes) / dp
+        if zero >= 3:
+            # Of a gathered layer a GPU already holds its own 1/dp shard.
+            layer = model.params_per_layer / tp * (1.0 - 1.0 / dp)
+            states = states + layer * (np.minimum(layers, 2) * c.weight_bytes
+                                       + np.minimum(layers, 1) * c.grad_bytes)
+    act = layers * layer_activation_bytes(model, seqs, seq_len, tp, recompute, flash,
+                                          sp) * inflight
     if recompute == "full":
         # Recomputing a layer materialises its full activations once more.
         act = act + (layers > 0) * layer_activation_bytes(model, seqs, seq_len, tp, "none",
-                                                          flash)
+                                                          flash, sp)
     if last:
         act = act + logits_bytes(model, seqs, seq_len, tp, fw.logits_bytes_per_value)
     return params, states + act

@@ -117,6 +117,11 @@ def _megatron_args(ctx: _Context) -> list[str]:
                  "--recompute-num-layers", "1"]
     if plan.zero >= 1:
         args.append("--use-distributed-optimizer")
+    if plan.sequence_parallel:
+        args.append("--sequence-parallel")
+    if plan.virtual_stages > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage",
+                 str(model.layers // (launch.pp * plan.virtual_stages))]
     if training.flash_attention:
         args.append("--use-flash-attn")
     return args
@@ -194,7 +199,9 @@ def export_plan(plan: Plan, fmt: str, folder: str | Path, model: ModelSpec,
             f"tp {launch.tp} x dp {launch.dp} x pp {launch.pp} on {launch.world_size} GPUs of "
             f"{len(launch.hosts)} hosts, layers {'/'.join(str(s.layers) for s in plan.stages)}, "
             f"{plan.micro_batches} micro-batches of {ctx.micro_batch_size} sequences per "
-            f"replica, recompute {plan.recompute}, ZeRO {plan.zero}")
+            f"replica, recompute {plan.recompute}, ZeRO {plan.zero}"
+            f"{', sequence parallel' if plan.sequence_parallel else ''}"
+            f"{f', {plan.virtual_stages} virtual stages' if plan.virtual_stages > 1 else ''}")
     files: dict[str, str]
     if fmt == "megatron":
         args = _megatron_args(ctx)
@@ -235,7 +242,8 @@ def _renumbered(ctx: _Context) -> Plan:
     """The plan with each host's GPUs renumbered in rank order (DeepSpeed sorts the slots
     of ``--include``), as the launch runs it."""
     return plan_from_layout(ctx.launch, [s.layers for s in ctx.plan.stages],
-                            ctx.plan.micro_batches, ctx.plan.recompute, ctx.plan.zero)
+                            ctx.plan.micro_batches, ctx.plan.recompute, ctx.plan.zero,
+                            ctx.plan.sequence_parallel, ctx.plan.virtual_stages)
 
 
 def _ds_include(launch: Launch) -> str:
@@ -312,7 +320,8 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
         plan = Plan.load(folder / "plan.json")
         return plan_from_layout(Launch(tuple(hosts), ranks["tp"], ranks["dp"], ranks["pp"]),
                                 [s.layers for s in plan.stages], plan.micro_batches,
-                                plan.recompute, plan.zero)
+                                plan.recompute, plan.zero, plan.sequence_parallel,
+                                plan.virtual_stages)
     args = (folder / "megatron.args").read_text().split()
     tp = _arg(args, "--tensor-model-parallel-size", 1)
     pp = _arg(args, "--pipeline-model-parallel-size", 1)
@@ -330,8 +339,10 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
     if "--recompute-granularity" in args:
         recompute = args[args.index("--recompute-granularity") + 1]
     zero = 1 if "--use-distributed-optimizer" in args else 0
+    chunk = _arg(args, "--num-layers-per-virtual-pipeline-stage")
+    virtual = layers_total // (pp * chunk) if chunk else 1
     return plan_from_layout(Launch(tuple(hosts), tp, dp, pp), split, gbs // (mbs * dp),
-                            recompute, zero)
+                            recompute, zero, "--sequence-parallel" in args, virtual)
 
 
 def _megatron_split(layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
@@ -359,9 +370,10 @@ Plan: {what}.
 * `megatron.args`: Megatron-LM's arguments for this plan, one per line: parallel degrees
   (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, and
   `--decoder-first/last-pipeline-num-layers` where the first or last stage holds its own
-  count), micro and global batch, model shape, precision, recompute and
-  `--use-distributed-optimizer` (ZeRO-1). Add your data, tokenizer, optimizer and
-  checkpoint arguments after them.
+  count), micro and global batch, model shape, precision, recompute,
+  `--use-distributed-optimizer` (ZeRO-1), `--sequence-parallel` and
+  `--num-layers-per-virtual-pipeline-stage` (the interleaved schedule) where the plan
+  uses them. Add your data, tokenizer, optimizer and checkpoint arguments after them.
 * `hostfile`: the hosts in node-rank order and the processes each runs.
 * `launch.sh`: one `torchrun` line per host. torchrun numbers global ranks node by node
   (each node's ranks follow the local world sizes of the nodes before it), and

@@ -19,7 +19,14 @@ DeepSpeed run a narrower set:
   ``partition_method='uniform'`` gives the first ``L mod p`` stages one layer more
   (``partition_uniform`` in deepspeed/runtime/utils.py);
 * ZeRO: Megatron-LM's distributed optimizer is ZeRO-1; DeepSpeed's pipeline engine runs
-  ZeRO stage 0 or 1 only.
+  ZeRO stage 0 or 1 only (its engine refuses 2 and 3 with pipeline parallelism; without a
+  pipeline DeepSpeed runs every stage);
+* sequence parallelism and the interleaved schedule are Megatron-LM's
+  (``--sequence-parallel``, ``--num-layers-per-virtual-pipeline-stage``); Megatron-core
+  builds no uneven first or last stage under interleaving (``get_num_layers_to_build``
+  asserts it), so an interleaved plan needs an even split. DeepSpeed's pipeline engine has
+  neither (its own "sequence parallelism", Ulysses, splits attention heads, not
+  Megatron's LayerNorm and dropout activations).
 
 The rules are written twice over the same data: on the exact search's ``StageChoice``
 (host indices, checked node by node) and on a ``Plan`` (host names, for any plan a user
@@ -52,6 +59,8 @@ class Runtime:
     splits: str  # "any", "ends" (even but first and last) or "uniform" (partition_uniform)
     zero_stages: tuple[int, ...]
     description: str
+    sequence_parallel: bool = True
+    interleaving: bool = True
 
     @property
     def unrestricted(self) -> bool:
@@ -67,7 +76,9 @@ RUNTIMES: dict[str, Runtime] = {
                         "but the first and last stage"),
     "deepspeed": Runtime("deepspeed", True, True, "uniform", (0, 1),
                          "DeepSpeed pipeline engine: one TP and DP degree, pipe-data-model "
-                         "rank order, partition_method='uniform', ZeRO 0 or 1"),
+                         "rank order, partition_method='uniform', ZeRO 0 or 1 (any without "
+                         "a pipeline), no interleaving or sequence parallelism",
+                         sequence_parallel=False, interleaving=False),
 }
 
 
@@ -223,9 +234,20 @@ def check_plan(plan: Plan, runtime: str | Runtime) -> list[str]:
         else:
             why.append(f"layer split {'/'.join(map(str, split))}: Megatron-LM needs the same "
                        f"count on every stage but the first and the last")
-    if plan.zero not in rt.zero_stages:
+    if plan.zero not in rt.zero_stages and not (rt.name == "deepspeed"
+                                                and plan.num_stages == 1):
         why.append(f"ZeRO stage {plan.zero}: {rt.name} runs "
                    f"{' or '.join(map(str, rt.zero_stages))} with pipeline parallelism")
+    if plan.sequence_parallel and not rt.sequence_parallel:
+        why.append(f"sequence parallelism: {rt.name} has no Megatron-style sequence "
+                   f"parallelism")
+    if plan.virtual_stages > 1:
+        if not rt.interleaving:
+            why.append(f"{plan.virtual_stages} virtual stages: {rt.name} has no interleaved "
+                       f"schedule")
+        elif len(set(split)) > 1:
+            why.append(f"{plan.virtual_stages} virtual stages with layer split "
+                       f"{'/'.join(map(str, split))}: {rt.name} interleaves even splits only")
     return why
 
 

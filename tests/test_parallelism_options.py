@@ -1,0 +1,377 @@
+"""Plan format v2's whole-plan options: sequence parallelism, the interleaved 1F1B schedule
+and ZeRO-2/3 (issue 26's first part): format, validity rules, the laws of their cost terms,
+the published formulas they restate, the runtimes that run them and their export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_line_error, run
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from hetpar import Plan, validate_plan
+from hetpar.cluster import load_cluster, parse_cluster
+from hetpar.costmodel import CostModel, load_constants
+from hetpar.costmodel.comm import sharded_dp_traffic
+from hetpar.costmodel.memory import in_flight, layer_activation_bytes
+from hetpar.costmodel.schedule import interleaved_transfers, one_f_one_b
+from hetpar.errors import PlanError
+from hetpar.runtime.export import export_plan, read_export
+from hetpar.runtime.rules import check_plan, runnable_by
+from hetpar.workload import parse_model, parse_training
+from tests.test_costmodel_laws import LAWS, cluster_docs, instances, model_docs
+
+CONSTANTS = load_constants()
+REL = 1e-12
+
+
+def cost_model(cluster, model, training, **kwargs):
+    return CostModel(cluster, model, training, constants=CONSTANTS, **kwargs)
+
+
+def two_host_plan(**options) -> tuple:
+    """Two A100 hosts of 4 GPUs, an 8-layer model, a 2-stage tp2 x dp2 plan."""
+    cluster = parse_cluster({"hosts": [{"name": "h", "count": 2, "gpu": "A100-SXM4-40GB",
+                                        "gpus": 4, "nic_gbps": 100}],
+                             "topology": {"kind": "single_switch"}})
+    model = parse_model({"layers": 8, "hidden": 512, "heads": 8, "vocab": 8000,
+                         "seq_len": 512})
+    training = parse_training({"global_batch": 16})
+    doc = {"version": 2, "micro_batches": 4, "stages": [
+        {"layers": 4, "tp": 2, "replicas": [{"host": "h-0", "gpus": [0, 1]},
+                                            {"host": "h-0", "gpus": [2, 3]}]},
+        {"layers": 4, "tp": 2, "replicas": [{"host": "h-1", "gpus": [0, 1]},
+                                            {"host": "h-1", "gpus": [2, 3]}]}], **options}
+    return cluster, model, training, Plan.from_dict(doc)
+
+
+# ---- format -------------------------------------------------------------------------------
+
+def test_v2_round_trip_and_plain_plans_stay_version_1():
+    _, _, _, plan = two_host_plan(sequence_parallel=True, virtual_stages=2, zero=1)
+    doc = plan.to_dict()
+    assert doc["version"] == 2 and doc["sequence_parallel"] and doc["virtual_stages"] == 2
+    assert Plan.from_json(plan.to_json()) == plan
+    plain = dataclasses.replace(plan, sequence_parallel=False, virtual_stages=1)
+    assert plain.to_dict()["version"] == 1
+    assert "sequence_parallel" not in plain.to_dict()
+    assert dataclasses.replace(plain, zero=3).to_dict()["version"] == 2
+
+
+def test_version_1_documents_refuse_version_2_options():
+    _, _, _, plan = two_host_plan(sequence_parallel=True)
+    doc = plan.to_dict()
+    doc["version"] = 1
+    with pytest.raises(PlanError, match="needs plan version 2"):
+        Plan.from_dict(doc)
+    doc = dataclasses.replace(plan, sequence_parallel=False).to_dict()
+    doc["zero"] = 3
+    with pytest.raises(PlanError, match="zero"):
+        Plan.from_dict(doc)
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"sequence_parallel": True, "tp1": True}, "no stage has tp > 1"),
+    ({"virtual_stages": 3}, "do not divide stage 0's 4 layers"),
+    ({"virtual_stages": 2, "micro_batches": 1}, "not a multiple of 2 stages"),
+    ({"virtual_stages": 2, "one_stage": True}, "two pipeline stages"),
+])
+def test_validity_rules_name_the_problem(options, problem):
+    cluster, model, training, plan = two_host_plan()
+    if options.pop("tp1", False):
+        plan = Plan.from_dict({"micro_batches": 4, "stages": [
+            {"layers": 8, "tp": 1, "replicas": [{"host": "h-0", "gpus": [0]}]}]})
+    if options.pop("one_stage", False):
+        plan = Plan.from_dict({"micro_batches": 4, "stages": [
+            {"layers": 8, "tp": 2, "replicas": [{"host": "h-0", "gpus": [0, 1]}]}]})
+    plan = dataclasses.replace(plan, **options)
+    with pytest.raises(PlanError, match=problem):
+        validate_plan(plan, cluster, model, training)
+
+
+def test_zero_2_and_3_need_no_training_spec_entry():
+    cluster, model, training, plan = two_host_plan(zero=3)
+    assert training.zero_stages == (0, 1)
+    validate_plan(plan, cluster, model, training)
+    with pytest.raises(PlanError, match="ZeRO stage 1 is not allowed"):
+        validate_plan(dataclasses.replace(plan, zero=1), cluster, model,
+                      parse_training({"global_batch": 16, "zero": [0]}))
+
+
+# ---- published formulas -------------------------------------------------------------------
+
+def test_sequence_parallel_activations_are_korthikanti_table_2():
+    """GPT (h_kv = h, f = 4h, GeLU): s b h (34 / t + 5 a s / (h t)) with SP, 34 s b h / t
+    with selective recomputation, 2 s b h / t with full recomputation."""
+    m = parse_model({"layers": 4, "hidden": 1024, "heads": 16, "vocab": 1000,
+                     "seq_len": 2048})
+    s, b, h, a = 2048, 3.0, 1024, 16
+    for t in (1, 2, 4, 8):
+        assert layer_activation_bytes(m, b, s, t, "none", False, sp=True) == pytest.approx(
+            s * b * h * (34 / t + 5 * a * s / (h * t)))
+        assert layer_activation_bytes(m, b, s, t, "selective", False, sp=True) == \
+            pytest.approx(34 * s * b * h / t)
+        assert layer_activation_bytes(m, b, s, t, "full", False, sp=True) == \
+            pytest.approx(2 * s * b * h / t)
+        # Without SP the 10 s b h of LayerNorms and dropouts stay whole (Table 2, row 2).
+        assert layer_activation_bytes(m, b, s, t, "selective", False) == pytest.approx(
+            s * b * h * (10 + 24 / t))
+
+
+@pytest.mark.parametrize("p, v", [(2, 2), (4, 2), (4, 4), (8, 3)])
+def test_interleaved_first_stage_memory_is_korthikanti_factor(p, v):
+    """Stage 0 holds (1 + (p - 1) / (p v)) times the activations of plain 1F1B
+    (Korthikanti et al., 2022, section 4.2.3) once there are enough micro-batches."""
+    m = 8 * p
+    assert in_flight(0, p, m, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert in_flight(0, p, m, 1) == p
+
+
+@given(st.integers(2, 12), st.integers(2, 6), st.integers(1, 6))
+def test_interleaving_never_holds_fewer_activations(p, v, groups):
+    m = p * groups
+    for i in range(p):
+        assert in_flight(i, p, m, v) >= in_flight(i, p, m) - 1e-12
+
+
+@given(st.integers(1, 64), st.integers(2, 8), st.integers(1, 8), st.floats(1e-4, 1.0))
+def test_interleaved_schedule_is_megatron_closed_form(m, p, v, t):
+    """Identical stages without communication: (M + (p - 1) / v) t."""
+    stage_s = np.full(p, t)
+    boundary = np.zeros((1, p - 1))
+    terms = interleaved_transfers(boundary, np.zeros(1), v)
+    total, _ = one_f_one_b(stage_s, boundary, m, terms, v)
+    assert total[0] == pytest.approx((m + (p - 1) / v) * t, rel=1e-12)
+
+
+@given(st.lists(st.floats(1e-4, 1.0), min_size=2, max_size=8), st.integers(1, 32),
+       st.integers(2, 6))
+def test_interleaving_never_lengthens_the_bubble(stage_times, m, v):
+    """The time beyond M steady cycles shrinks with more chunks (no communication: the
+    cycle is the same; with it, interleaving's v-fold transfers are the price)."""
+    stage_s = np.array(stage_times)
+    boundary = np.zeros((1, len(stage_s) - 1))
+    plain, cycle = one_f_one_b(stage_s, boundary, m)
+    terms = interleaved_transfers(boundary, np.zeros(1), v)
+    inter, cycle_v = one_f_one_b(stage_s, boundary, m, terms, v)
+    assert cycle_v[0] == cycle[0]
+    assert inter[0] - m * cycle_v[0] <= plain[0] - m * cycle[0] + 1e-12
+    assert inter[0] <= plain[0] * (1 + REL)
+
+
+def test_sharded_traffic_matches_the_zero_paper():
+    """Without gradient accumulation ZeRO-3 moves 1.5x an all-reduce (Rajbhandari et
+    al., 2020, section 7.2), ZeRO-2 as much as it; more micro-batches move more."""
+    assert sharded_dp_traffic(3, 1, 2.0, 2.0) == (1.5, 1.5)
+    assert sharded_dp_traffic(2, 1, 2.0, 2.0) == (1.0, 1.0)
+    assert sharded_dp_traffic(1, 8, 2.0, 2.0) == (1.0, 1.0)
+    assert sharded_dp_traffic(2, 8, 2.0, 2.0)[0] == pytest.approx(4.5)
+    assert sharded_dp_traffic(3, 8, 2.0, 2.0)[0] == pytest.approx(12.0)
+
+
+# ---- laws on random plans -----------------------------------------------------------------
+
+def _with(plan, cluster, model, training, **options):
+    changed = dataclasses.replace(plan, **options)
+    try:
+        validate_plan(changed, cluster, model, training)
+    except PlanError:
+        return None
+    return cost_model(cluster, model, training, samples=0).evaluate(changed)
+
+
+@LAWS
+@given(instances())
+def test_sequence_parallelism_never_needs_more_memory_nor_time(inst):
+    cluster, model, training, plan = inst
+    assume(any(s.tp > 1 for s in plan.stages))
+    base = cost_model(cluster, model, training, samples=0).evaluate(plan)
+    sp = _with(plan, cluster, model, training, sequence_parallel=True)
+    assert sp is not None
+    for a, b in zip(base.memory, sp.memory):
+        assert b.used_bytes <= a.used_bytes * (1 + REL)
+    assert sp.iter_time_mean <= base.iter_time_mean * (1 + REL)
+    if all(s.tp == 1 for s in plan.stages[1:]) and plan.stages[0].tp > 1:
+        assert sp.memory[0].used_bytes < base.memory[0].used_bytes
+
+
+@LAWS
+@given(instances())
+def test_zero_stages_order_memory_and_never_buy_time(inst):
+    cluster, model, training, plan = inst
+    est = {z: _with(plan, cluster, model, training, zero=z) for z in (0, 1, 2, 3)}
+    assume(all(e is not None for e in est.values()))
+    used = {z: [m.used_bytes for m in e.memory] for z, e in est.items()}
+    for lower, higher in ((1, 0), (2, 1), (3, 1)):
+        for a, b in zip(used[lower], used[higher]):
+            assert a <= b * (1 + REL), (lower, higher)
+    # No overlap is counted: sharding more never makes the iteration faster than ZeRO-1.
+    for z in (2, 3):
+        assert est[z].iter_time_mean >= est[1].iter_time_mean * (1 - REL)
+    if all(s.dp == 1 for s in plan.stages):
+        assert used[3] == used[1] == used[2]
+
+
+@st.composite
+def interleavable(draw):
+    """An instance and a plan of p stages of v k layers each, one host per stage, whose
+    micro-batch count is a multiple of p: every v of 1..4 dividing the layers applies."""
+    p, v, k = draw(st.integers(2, 3)), draw(st.integers(2, 3)), draw(st.integers(1, 2))
+    cluster = parse_cluster(draw(cluster_docs(min_hosts=p, max_hosts=p + 1)))
+    model = parse_model({**draw(model_docs()), "layers": p * v * k})
+    groups = draw(st.integers(1, 3))
+    m = p * groups
+    training = parse_training({"global_batch": m * draw(st.sampled_from([1, 2])),
+                               "flash_attention": draw(st.booleans())})
+    hosts = draw(st.permutations([h for h in cluster.hosts]))[:p]
+    stages = []
+    for host in hosts:
+        tp = draw(st.sampled_from([t for t in (1, 2) if t <= host.num_gpus
+                                   and model.heads % t == 0]))
+        stages.append({"layers": v * k, "tp": tp,
+                       "replicas": [{"host": host.name, "gpus": list(range(tp))}]})
+    plan = Plan.from_dict({"micro_batches": m, "recompute": draw(st.sampled_from(
+        ["none", "selective", "full"])), "stages": stages})
+    return cluster, model, training, plan, v
+
+
+@LAWS
+@given(interleavable())
+def test_interleaving_never_holds_less_memory(inst):
+    cluster, model, training, plan, v = inst
+    inter = _with(plan, cluster, model, training, virtual_stages=v)
+    assert inter is not None
+    base = cost_model(cluster, model, training, samples=0).evaluate(plan)
+    for a, b in zip(base.memory, inter.memory):
+        assert b.used_bytes >= a.used_bytes * (1 - REL)
+    assert sum(inter.breakdown.values()) == pytest.approx(inter.iter_time_mean, rel=1e-9)
+
+
+def test_options_change_only_what_they_change():
+    cluster, model, training, plan = two_host_plan()
+    cm = cost_model(cluster, model, training, samples=0)
+    base = cm.evaluate(plan)
+    # Interleaving halves the bubble of this two-stage pipeline (the time beyond M steady
+    # cycles) but pays its transfers twice in every cycle.
+    inter = cm.evaluate(dataclasses.replace(plan, virtual_stages=2))
+    m = plan.micro_batches
+
+    def bubble(est):
+        b = est.breakdown
+        return b["pipeline_fill"] - b["pipeline_steady"] / (m - 1)
+
+    # (Each chunk pass pays the framework's per-micro-batch cost: one more per stage.)
+    chunk_cost = cm.framework.microbatch_overhead_s
+    assert bubble(inter) == pytest.approx((bubble(base) + chunk_cost) / 2, rel=1e-9)
+    assert inter.breakdown["pipeline_steady"] > base.breakdown["pipeline_steady"]
+    assert inter.stages[0].memory_bytes > base.stages[0].memory_bytes
+    # ZeRO-3 shards weights: fewer bytes, more data-parallel traffic.
+    z3 = cm.evaluate(dataclasses.replace(plan, zero=3))
+    assert z3.stages[0].memory_bytes < base.stages[0].memory_bytes
+    assert z3.breakdown["dp_allreduce"] > base.breakdown["dp_allreduce"]
+
+
+def test_plain_plans_score_as_before():
+    """A version-1 plan's value is bit for bit what the frame without the new options
+    gives (the stored reference values depend on it; tests/test_reference.py re-scores
+    every one of them too)."""
+    cluster, model, training, plan = two_host_plan()
+    cm = cost_model(cluster, model, training, samples=4, seed=3)
+    frame = cm.frame(plan)
+    assert frame.virtual_stages == 1 and not frame.sequence_parallel and frame.dp_volume == 1
+    tables = cm.split_tables(frame)
+    values, _ = cm.score_splits(frame, tables, np.array([[4, 4], [3, 5], [5, 3]]))
+    for row, split in zip(values, ([4, 4], [3, 5], [5, 3])):
+        assert np.array_equal(row, cm.core_split(frame, split).total)
+
+
+@pytest.mark.parametrize("options", [{"sequence_parallel": True}, {"virtual_stages": 2},
+                                     {"zero": 2}, {"zero": 3},
+                                     {"virtual_stages": 2, "sequence_parallel": True}])
+def test_split_tables_agree_with_the_model_under_every_option(options):
+    cluster, model, training, plan = two_host_plan(**options)
+    cm = cost_model(cluster, model, training, samples=4, seed=3)
+    frame = cm.frame(plan)
+    tables = cm.split_tables(frame)
+    splits = np.array([[4, 4], [2, 6], [6, 2]])
+    values, fits = cm.score_splits(frame, tables, splits)
+    for row, ok, split in zip(values, fits, splits):
+        core = cm.core_split(frame, list(split))
+        np.testing.assert_allclose(row, core.total, rtol=1e-12)
+        assert ok == core.feasible
+
+
+# ---- runtimes and export ------------------------------------------------------------------
+
+def test_runtimes_say_who_runs_the_options():
+    _, _, _, plan = two_host_plan(sequence_parallel=True, virtual_stages=2)
+    assert runnable_by(plan) == ("any", "megatron")
+    why = check_plan(plan, "deepspeed")
+    assert any("sequence parallelism" in w for w in why)
+    assert any("interleaved" in w for w in why)
+    uneven = Plan.from_dict({**plan.to_dict(), "stages": [
+        {**s, "layers": n} for s, n in zip(plan.to_dict()["stages"], (2, 6))]})
+    assert any("even splits only" in w for w in check_plan(uneven, "megatron"))
+    assert any("ZeRO stage 2" in w for w in check_plan(dataclasses.replace(plan, zero=2),
+                                                       "megatron"))
+
+
+def test_megatron_export_round_trips_the_options(tmp_path):
+    cluster, model, training, plan = two_host_plan(sequence_parallel=True, virtual_stages=2,
+                                                   zero=1)
+    export_plan(plan, "megatron", tmp_path / "m", model, training)
+    args = (tmp_path / "m" / "megatron.args").read_text().split()
+    assert "--sequence-parallel" in args
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
+    assert "--use-distributed-optimizer" in args
+    assert read_export(tmp_path / "m", "megatron") == plan
+    export_plan(plan, "torchrun", tmp_path / "t", model, training)
+    assert read_export(tmp_path / "t", "torchrun") == plan
+
+
+def test_deepspeed_runs_zero_3_without_a_pipeline(tmp_path):
+    cluster, model, training, _ = two_host_plan()
+    plan = Plan.from_dict({"version": 2, "micro_batches": 2, "zero": 3, "stages": [
+        {"layers": 8, "tp": 2, "replicas": [{"host": "h-0", "gpus": [0, 1]},
+                                            {"host": "h-1", "gpus": [0, 1]}]}]})
+    validate_plan(plan, cluster, model, training)
+    export_plan(plan, "deepspeed", tmp_path, model, training)
+    cfg = json.loads((tmp_path / "ds_config.json").read_text())
+    assert cfg["zero_optimization"]["stage"] == 3
+    assert read_export(tmp_path, "deepspeed").zero == 3
+    two = two_host_plan(zero=3)[3]
+    with pytest.raises(PlanError, match="ZeRO stage 3"):
+        export_plan(two, "deepspeed", tmp_path / "x", model, training)
+    assert not (tmp_path / "x").exists()
+
+
+# ---- CLI ----------------------------------------------------------------------------------
+
+def test_estimate_scores_what_if_options(tmp_path, capsys):
+    cluster = load_cluster("cloud-mixed")
+    plan_file = tmp_path / "plan.json"
+    stages = [{"layers": 4, "tp": 4, "replicas": [{"host": h.name, "gpus": list(range(k, k + 4))}]}
+              for h in cluster.hosts if h.gpu.name.startswith(("A100", "H100"))
+              for k in (0, 4)]
+    Plan.from_dict({"micro_batches": 32, "stages": stages}).save(plan_file)
+    common = ["estimate", "--cluster", "cloud-mixed", "--model", "llama2-7b", "--plan",
+              str(plan_file), "--samples", "0", "--json"]
+    code, out, _ = run(capsys, *common)
+    assert code == 0
+    base = json.loads(out)
+    code, out, _ = run(capsys, *common, "--sequence-parallel", "--virtual-stages", "2")
+    assert code == 0
+    sp = json.loads(out)
+    assert sp["plan"]["sequence_parallel"] and sp["plan"]["virtual_stages"] == 2
+    assert sp["plan"]["version"] == 2
+    assert max(m["used_gib"] for m in sp["memory"]) != max(m["used_gib"] for m in base["memory"])
+    assert sp["runtimes"] == ["any", "megatron"]
+    assert json.loads(plan_file.read_text())["version"] == 1  # the file stays as it was
+    code, _, err = run(capsys, *common, "--virtual-stages", "3")
+    assert_one_line_error(code, err, "virtual stages do not divide")
+    code, _, err = run(capsys, *common, "--virtual-stages", "0")
+    assert_one_line_error(code, err, "--virtual-stages")

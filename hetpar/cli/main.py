@@ -530,16 +530,22 @@ def _render(console: Console, problem, solution) -> None:  # noqa: ANN001 - Prob
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from hetpar.costmodel.constants import load_constants
-    from hetpar.fidelity.report import calibration_report, validation_report
+    from hetpar.fidelity.report import calibration_report, heldout_report, validation_report
 
     constants = load_constants(args.calibration)
     cal = calibration_report(constants)
     reports = [validation_report(constants, exp) for exp in ("het_cluster", "homogeneous")]
+    held = heldout_report(constants)
     if args.json:
         _print_json({
             "calibration": {"mape": cal.mape,
                             "rows": {r.row_id: {"published_s": r.measured_s,
                                                 "predicted_s": r.predicted_s} for r in cal.results}},
+            "heldout": {"name": held.name, "mape": held.mape,
+                        "false_infeasible": held.false_infeasible,
+                        "rows": {r.row_id: {"published_s": r.measured_s,
+                                            "predicted_s": r.predicted_s,
+                                            "feasible": r.feasible} for r in held.results}},
             **{rep.name: {"spearman": rep.spearman, "kendall": rep.kendall,
                           "predicted_best": rep.predicted_best.row_id if rep.predicted_best else None,
                           "pick_slowdown": rep.pick_slowdown,
@@ -550,8 +556,10 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                                               "feasible": r.feasible} for r in rep.results}}
                for rep in reports}})
         return 0
-    from hetpar.cli.render import render_calibration, render_validation
+    from hetpar.cli.render import render_calibration, render_heldout, render_validation
     render_calibration(console, cal)
+    console.print()
+    render_heldout(console, held)
     for rep in reports:
         console.print()
         render_validation(console, rep, fitted=rep.name == "homogeneous")

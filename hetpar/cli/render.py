@@ -108,6 +108,22 @@ def render_calibration(console: Console, rep: ExperimentReport) -> None:
     console.print(f"mean absolute percentage error: [bold]{rep.mape:.1%}[/] (target <= 10%)")
 
 
+def render_heldout(console: Console, rep: ExperimentReport) -> None:
+    t = Table(title="Held out, never fitted: Korthikanti et al. 2022 Table 5 (A100)",
+              title_justify="left")
+    for col in ("row", "published s", "predicted s", "error", "predicted fits", "peak GiB"):
+        t.add_column(col, justify="right" if col != "row" else "left")
+    for r in rep.results:
+        fits = "yes" if r.feasible else "[red]no[/]"
+        peak = max(m.used_bytes for m in r.estimate.memory) / 2**30
+        t.add_row(r.row_id, f"{r.measured_s:.2f}", f"{r.predicted_s:.2f}", f"{r.error:+.1%}",
+                  fits, f"{peak:.1f}")
+    console.print(t)
+    console.print(f"mean absolute percentage error: [bold]{rep.mape:.1%}[/] (target <= 8%); "
+                  f"predicted to fit: [bold]{len(rep.results) - rep.false_infeasible}[/] of "
+                  f"{len(rep.results)}")
+
+
 def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> None:
     role = "used for fitting" if fitted else "held out, never fitted"
     t = Table(title=f"Validation: AMP GPT-2 {rep.name} ({role})", title_justify="left")

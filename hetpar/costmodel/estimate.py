@@ -199,6 +199,9 @@ class CostModel:
                  bandwidth: np.ndarray | None = None) -> None:
         self.cluster = cluster
         self.training = training
+        # What a caller that names no plan asks about (the searchers' bounds and masks):
+        # the searched plans use sequence parallelism exactly when the spec allows it.
+        self.sequence_parallel = training.sequence_parallel
         self.seq_len = training.seq_len or model.seq_len
         self.model = model.with_seq_len(self.seq_len)
         self.constants = constants or load_constants()
@@ -271,8 +274,12 @@ class CostModel:
         return self._perf[host]
 
     def stage_work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
-                   last: bool, recompute: str, sp: bool = False, chunks: int = 1) -> StageWork:
-        """Per micro-batch work of one replica (memoised; ``perf`` from ``host_perf``)."""
+                   last: bool, recompute: str, sp: bool | None = None, chunks: int = 1,
+                   ) -> StageWork:
+        """Per micro-batch work of one replica (memoised; ``perf`` from ``host_perf``;
+        ``sp`` None: as the training spec's searched plans)."""
+        if sp is None:
+            sp = self.sequence_parallel
         # perfs live as long as self
         key = (id(perf), seqs, tp, layers, first, last, recompute, sp, chunks)
         work = self._work_cache.get(key)
@@ -403,11 +410,14 @@ class CostModel:
         return out
 
     def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: float,
-                     first: bool, last: bool, recompute: str, zero: int, sp: bool = False,
-                     ) -> tuple[float, float]:
+                     first: bool, last: bool, recompute: str, zero: int,
+                     sp: bool | None = None) -> tuple[float, float]:
         """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica.
 
-        ``inflight`` is how many micro-batches' activations it holds at once under 1F1B."""
+        ``inflight`` is how many micro-batches' activations it holds at once under 1F1B;
+        ``sp`` None: as the training spec's searched plans."""
+        if sp is None:
+            sp = self.sequence_parallel
         key = (layers, tp, dp, seqs, first, last, inflight, recompute, int(zero), sp)
         hit = self._memory_cache.get(key)
         if hit is not None:
@@ -418,13 +428,14 @@ class CostModel:
         return out
 
     def _stage_bytes(self, layers: Any, tp: int, dp: int, seqs: float, inflight: float,
-                     first: bool, last: bool, recompute: str, zero: int, sp: bool = False,
-                     ) -> tuple[Any, Any]:
+                     first: bool, last: bool, recompute: str, zero: int,
+                     sp: bool | None = None) -> tuple[Any, Any]:
         """``stage_memory`` unmemoised; ``layers`` may be an int or an array of counts
         (elementwise the same arithmetic, so the same values)."""
         return stage_bytes(self.model, self.seq_len, layers, tp, dp, seqs, inflight, first,
                            last, recompute, int(zero), flash=self.training.flash_attention,
-                           constants=self.constants, framework=self.framework, sp=sp)
+                           constants=self.constants, framework=self.framework,
+                           sp=self.sequence_parallel if sp is None else sp)
 
     def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
         """The layer-independent terms of ``plan``'s pipeline structure (memoised): every

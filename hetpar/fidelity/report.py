@@ -4,6 +4,9 @@
 * Validation: for both AMP experiments, rank correlation of predicted and measured time
   over the runs that finished, how the plan predicted best really measured, and whether
   runs that failed (out of memory) are predicted infeasible.
+* Held out: published runs never used in fitting (Korthikanti et al. 2022, sequence
+  parallelism and selective recomputation against full recomputation): MAPE, and whether
+  every one is predicted to fit.
 
 Megatron rows do not state the micro-batch size; its authors tuned it, so a row is
 predicted with the size (1, 2, 4 or 8) that the model itself finds fastest among
@@ -20,10 +23,10 @@ from scipy.stats import kendalltau, spearmanr
 
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel, Estimate
-from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
+from hetpar.fidelity.reference import Run, amp_runs, korthikanti_runs, megatron_runs
 
 __all__ = ["RunResult", "ExperimentReport", "predict", "predicted_time", "calibration_report",
-           "validation_report"]
+           "validation_report", "heldout_report"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +128,9 @@ def calibration_report(constants: CostConstants) -> ExperimentReport:
 
 def validation_report(constants: CostConstants, experiment: str) -> ExperimentReport:
     return ExperimentReport(experiment, tuple(predict(r, constants) for r in amp_runs(experiment)))
+
+
+def heldout_report(constants: CostConstants) -> ExperimentReport:
+    """Published runs never used in fitting (``configs/reference/README.md``)."""
+    return ExperimentReport("korthikanti_2022_table5",
+                            tuple(predict(r, constants) for r in korthikanti_runs()))

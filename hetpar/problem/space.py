@@ -221,7 +221,8 @@ class PlanSpace:
                     reps.append(Replica(name, tuple(range(nxt[h], nxt[h] + st.tp))))
                     nxt[h] += st.tp
             out.append(Stage(n, st.tp, tuple(reps)))
-        return Plan(tuple(out), micro_batches, recompute, zero)
+        sp = self.training.sequence_parallel and any(st.tp > 1 for st in stages)
+        return Plan(tuple(out), micro_batches, recompute, zero, sp)
 
     def decompose(self, plan: Plan, source: str = "<plan>",
                   ) -> tuple[tuple[StageChoice, ...], tuple[int, ...]]:

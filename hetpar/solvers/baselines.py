@@ -265,7 +265,8 @@ def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int
                         if search.exhausted:
                             break
                         before = search.best_plan
-                        search.score(Plan(tuple(stages), m, rc, z))
+                        sp = training.sequence_parallel and any(s.tp > 1 for s in stages)
+                        search.score(Plan(tuple(stages), m, rc, z, sp))
                         if search.best_plan is not before:
                             best = {"tp": tp, "pp": pp, "dp": dp, "idle_gpus": n - tp * pp * dp}
     return search.solution("megatron", start, {

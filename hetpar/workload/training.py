@@ -19,6 +19,9 @@ class TrainingSpec:
     """``global_batch`` is in sequences; ``seq_len`` (if set) overrides the model's.
 
     ``recompute_modes`` and ``zero_stages`` are the options plans may choose from;
+    ``sequence_parallel`` lets them use Megatron-LM's sequence parallelism, which the
+    searchers then turn on in every plan with a tensor-parallel stage (it is never slower
+    and never needs more memory in the cost model);
     ``flash_attention`` drops the s^2 attention activations and their memory traffic;
     ``framework`` selects the calibrated framework constants (configs/calibration.yaml).
     """
@@ -29,6 +32,7 @@ class TrainingSpec:
     recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
     zero_stages: tuple[int, ...] = (0, 1)
     flash_attention: bool = False
+    sequence_parallel: bool = False
     framework: str = "megatron-lm"
     name: str = "training"
 
@@ -38,7 +42,7 @@ class TrainingSpec:
 
 
 _KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision", "recompute",
-                   "zero", "flash_attention", "framework"})
+                   "zero", "flash_attention", "framework", "sequence_parallel"})
 
 
 def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
@@ -64,6 +68,7 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
         recompute_modes=tuple(dict.fromkeys(modes)),
         zero_stages=tuple(sorted(set(zero))),
         flash_attention=r.bool("flash_attention", False),
+        sequence_parallel=r.bool("sequence_parallel", False),
         framework=r.str("framework", "megatron-lm"),
         name=r.str("name", Path(source).stem if source != "<dict>" else "training"),
     )

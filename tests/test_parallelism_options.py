@@ -468,3 +468,69 @@ def test_sequence_parallelism_makes_a_model_fit():
         solve(Problem.of(cluster, model, training(False), samples=0), method="exact")
     cm = cost_model(cluster, model, training(False), samples=0)
     assert not cm.evaluate(dataclasses.replace(sol.plan, sequence_parallel=False)).feasible
+
+
+# ---- the searched space with ZeRO-2 and ZeRO-3 --------------------------------------------
+
+@pytest.mark.parametrize("seed", range(40))
+def test_exact_over_zero_stages_agrees_with_enumeration(seed):
+    """A training spec allowing ZeRO 0-3: enumeration scores every stage of every plan;
+    exact tries, per split, the first stage from ZeRO-1 up that fits (a higher one is never
+    faster), bounds memory by the most sharded stage without its gathered layers, and
+    still proves the same optimum."""
+    from hetpar.problem.problem import Problem
+    from hetpar.solvers import solve
+    from tests.test_solvers import tiny_instance
+    cluster, model, training, objective = tiny_instance(seed)
+    zeros = [[0, 1, 2, 3], [2, 3], [0, 3], [1, 2]][seed % 4]
+    training = dataclasses.replace(training, zero_stages=tuple(zeros))
+
+    def problem():
+        return Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
+
+    brute = solve(problem(), method="brute")
+    exact = solve(problem(), method="exact")
+    assert exact.certificate.optimal
+    assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+    if exact.found:
+        assert exact.plan.zero in zeros
+        validate_plan(exact.plan, cluster, model, training)
+
+
+def test_sharding_beyond_zero_1_makes_a_model_fit_and_zero_1_wins_where_both_fit():
+    """One 8-billion-parameter layer on eight 1-GPU A100-40GB hosts: no pipeline can split
+    it, ZeRO-1 over 8 replicas needs 5.5 bytes per parameter (does not fit), ZeRO-2 3.75
+    (fits); where ZeRO-1 fits, the search keeps it (never slower)."""
+    from hetpar.errors import InfeasibleError
+    from hetpar.problem.problem import Problem
+    from hetpar.solvers import solve
+    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
+                                        "gpus": 1, "nic_gbps": 200}],
+                             "topology": {"kind": "single_switch"}})
+
+    def solved(hidden, zeros):
+        model = parse_model({"layers": 1, "hidden": hidden, "heads": 64, "vocab": 32000,
+                             "seq_len": 512})
+        training = parse_training({"global_batch": 8, "recompute": ["full"], "zero": zeros})
+        return solve(Problem.of(cluster, model, training, samples=0), method="exact")
+
+    with pytest.raises(InfeasibleError):
+        solved(24576, [0, 1]).plan  # noqa: B018 - refused up front or found nothing
+    sol = solved(24576, [0, 1, 2, 3])
+    assert sol.found and sol.certificate.optimal and sol.plan.zero >= 2
+    assert sol.estimate.feasible
+    sol = solved(8192, [0, 1, 2, 3])
+    assert sol.found and sol.plan.zero == 1
+
+
+def test_the_environment_refuses_a_spec_without_zero_0_or_1():
+    from hetpar.envs.context import InstanceContext
+    from hetpar.errors import ConfigError
+    from hetpar.problem.instance import Instance
+    inst = Instance("x", {"hosts": [{"name": "h", "count": 2, "gpu": "A100-SXM4-40GB",
+                                     "gpus": 4, "nic_gbps": 100}],
+                          "topology": {"kind": "single_switch"}},
+                    {"layers": 8, "hidden": 512, "heads": 8, "vocab": 8000, "seq_len": 512},
+                    {"global_batch": 16, "zero": [3]})
+    with pytest.raises(ConfigError, match="environment's actions choose ZeRO 0 or 1"):
+        InstanceContext.build(inst, samples=0, constants=None, max_micro=8)

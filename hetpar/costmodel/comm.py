@@ -24,20 +24,23 @@ def ring_allreduce_time(nbytes: float, n: int, bytes_per_s: float, step_latency_
 def sharded_dp_traffic(zero: int, micro_batches: int, weight_bytes: float,
                        grad_bytes: float) -> tuple[float, float]:
     """A stage's data-parallel traffic per iteration under ZeRO stage ``zero``, relative
-    to the one gradient all-reduce of stages 0 and 1: (bytes on each ring hop, collective
-    steps). An all-reduce is a reduce-scatter then an all-gather, each moving half its
-    bytes. ZeRO-1 (Megatron-LM's distributed optimizer) reduce-scatters the accumulated
-    gradients and all-gathers the updated weights once: as much as the all-reduce.
-    ZeRO-2 keeps no full gradient, so it reduce-scatters every micro-batch's gradients,
-    then all-gathers the weights once; ZeRO-3 (FSDP) also gathers every layer's weights
-    before its forward and again before its backward, on every micro-batch, and needs no
-    gather after the step. No overlap with compute is counted: an upper estimate."""
+    to what stages 0 and 1 are charged (one gradient all-reduce, 2 g bytes per parameter
+    on each ring hop): (bytes on each ring hop, collective steps). ZeRO-1 (Megatron-LM's
+    distributed optimizer) reduce-scatters the accumulated gradients and all-gathers the
+    updated weights once. ZeRO-2 keeps no whole gradient, so it also reduce-scatters the
+    gradients of every micro-batch but the last (M - 1 more, g each); ZeRO-3 (FSDP) does
+    that too and gathers every layer's weights before its forward and again before its
+    backward on every micro-batch, against ZeRO-1's one gather (2 M - 1 more, w each). So
+    each stage moves at least what the one below it moves (the search relies on it), and
+    at M = 1 with w = g ZeRO-3 moves 1.5 all-reduces, the ZeRO paper's figure. No overlap
+    with compute is counted: an upper estimate."""
     if zero < 2:
         return 1.0, 1.0
     m = float(micro_batches)
+    extra_rs = (m - 1.0) * grad_bytes
     if zero == 2:
-        return (m * grad_bytes + weight_bytes) / (2.0 * grad_bytes), (m + 1.0) / 2.0
-    return (m * grad_bytes + 2.0 * m * weight_bytes) / (2.0 * grad_bytes), 1.5 * m
+        return 1.0 + extra_rs / (2.0 * grad_bytes), (m + 1.0) / 2.0
+    return 1.0 + (extra_rs + (2.0 * m - 1.0) * weight_bytes) / (2.0 * grad_bytes), 1.5 * m
 
 
 def colocated_transfers(src: dict[int, float], dst: dict[int, float],

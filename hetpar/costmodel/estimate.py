@@ -411,31 +411,33 @@ class CostModel:
 
     def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: float,
                      first: bool, last: bool, recompute: str, zero: int,
-                     sp: bool | None = None) -> tuple[float, float]:
+                     sp: bool | None = None, gathered: bool = True) -> tuple[float, float]:
         """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica.
 
         ``inflight`` is how many micro-batches' activations it holds at once under 1F1B;
-        ``sp`` None: as the training spec's searched plans."""
+        ``sp`` None: as the training spec's searched plans; ``gathered=False``: without
+        ZeRO-3's gathered layers, a lower bound affine in the layer count (bounds)."""
         if sp is None:
             sp = self.sequence_parallel
-        key = (layers, tp, dp, seqs, first, last, inflight, recompute, int(zero), sp)
+        key = (layers, tp, dp, seqs, first, last, inflight, recompute, int(zero), sp, gathered)
         hit = self._memory_cache.get(key)
         if hit is not None:
             return hit
         params, used = self._stage_bytes(layers, tp, dp, seqs, inflight, first, last,
-                                         recompute, zero, sp)
+                                         recompute, zero, sp, gathered)
         out = self._memory_cache[key] = (params, used)
         return out
 
     def _stage_bytes(self, layers: Any, tp: int, dp: int, seqs: float, inflight: float,
                      first: bool, last: bool, recompute: str, zero: int,
-                     sp: bool | None = None) -> tuple[Any, Any]:
+                     sp: bool | None = None, gathered: bool = True) -> tuple[Any, Any]:
         """``stage_memory`` unmemoised; ``layers`` may be an int or an array of counts
         (elementwise the same arithmetic, so the same values)."""
         return stage_bytes(self.model, self.seq_len, layers, tp, dp, seqs, inflight, first,
                            last, recompute, int(zero), flash=self.training.flash_attention,
                            constants=self.constants, framework=self.framework,
-                           sp=self.sequence_parallel if sp is None else sp)
+                           sp=self.sequence_parallel if sp is None else sp,
+                           gathered=gathered)
 
     def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
         """The layer-independent terms of ``plan``'s pipeline structure (memoised): every

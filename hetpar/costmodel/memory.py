@@ -92,7 +92,7 @@ def logits_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int,
 def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, seqs: float,
                 inflight: float, first: bool, last: bool, recompute: str, zero: int, *,
                 flash: bool, constants: CostConstants, framework: FrameworkConstants,
-                sp: bool = False) -> tuple[Any, Any]:
+                sp: bool = False, gathered: bool = True) -> tuple[Any, Any]:
     """(parameters per GPU, peak bytes per GPU) of a stage of ``layers`` layers on ``tp``
     GPUs per replica and ``dp`` replicas, with micro-batches of ``seqs`` sequences of which
     it holds ``inflight`` at once under 1F1B: model states (sharded over the replicas:
@@ -102,7 +102,9 @@ def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, s
     than ZeRO-1, nor ZeRO-1 more than ZeRO-0), activations (``sp``: with
     sequence parallelism), the layer a full recomputation materialises and the last
     stage's logits. ``layers`` may be an int or an array of counts (elementwise the same
-    arithmetic, so the same values)."""
+    arithmetic, so the same values). ``gathered=False`` leaves out ZeRO-3's gathered layers:
+    a lower bound affine in ``layers`` from one layer on, what the searchers' memory bounds
+    need (the gathered part stops growing at two layers)."""
     c, fw = constants, framework
     params = stage_params_per_gpu(model, layers, tp, first, last)
     if zero < 2:
@@ -111,7 +113,7 @@ def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, s
     else:
         weights = params * c.weight_bytes / (dp if zero >= 3 else 1)
         states = weights + params * (c.grad_bytes + fw.optimizer_bytes) / dp
-        if zero >= 3:
+        if zero >= 3 and gathered:
             # Of a gathered layer a GPU already holds its own 1/dp shard.
             layer = model.params_per_layer / tp * (1.0 - 1.0 / dp)
             states = states + layer * (np.minimum(layers, 2) * c.weight_bytes

@@ -13,7 +13,7 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel
 from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
 from hetpar.envs.feasibility import Completions, HostClasses
-from hetpar.errors import InfeasibleError
+from hetpar.errors import ConfigError, InfeasibleError
 from hetpar.problem.instance import Instance
 from hetpar.problem.problem import Problem
 from hetpar.problem.space import PlanSpace
@@ -67,6 +67,12 @@ class InstanceContext:
     def build(cls, instance: Instance, *, samples: int, constants: CostConstants | None,
               max_micro: int, witness: bool = True) -> InstanceContext:
         cluster, training = instance.cluster, instance.training
+        if not set(training.zero_stages) & set(ZERO_STAGES):
+            raise ConfigError(
+                "training", "zero", f"the environment's actions choose ZeRO "
+                f"{' or '.join(map(str, ZERO_STAGES))}; training spec {training.name} allows "
+                f"only {', '.join(map(str, training.zero_stages))} (hetpar solve --method "
+                f"exact searches every stage)")
         problem = Problem.from_instance(instance, samples=samples,
                                         seed=bandwidth_seed(instance), constants=constants)
         cm, space = problem.cost_model, problem.space

@@ -157,7 +157,9 @@ class Problem:
         zero = max(space.zero_stages)
         rc = "full" if "full" in space.recompute_modes else space.recompute_modes[-1]
         # The lightest possible per-GPU footprint: every layer spread over the whole
-        # cluster at the largest tensor-parallel degree, one sequence per micro-batch.
+        # cluster at the largest tensor-parallel degree, one sequence per micro-batch, as
+        # many replicas as the cluster could give a stage to shard states over, and
+        # without ZeRO-3's gathered layers (a lower bound of any plan's).
         layers = cm.model.layers
         total_gpus = cm.cluster.num_gpus
         smallest = math.inf
@@ -166,8 +168,8 @@ class Problem:
             for tp in space.tp_options[gpu_type]:
                 stages = max(1, min(layers, total_gpus // tp))
                 per_stage = -(-layers // stages)
-                _, used = cm.stage_memory(per_stage, tp, 1, 1.0, 1, False, False, rc,
-                                          zero == 1)
+                _, used = cm.stage_memory(per_stage, tp, max(1, total_gpus // tp), 1.0, 1,
+                                          False, False, rc, zero, gathered=False)
                 smallest = min(smallest, used)
         usable = max((perf.usable_bytes for i in range(len(cm.cluster.hosts))
                       if (perf := cm.host_perf(i)) is not None), default=-math.inf)

@@ -424,7 +424,8 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
     total_of = {t: sum(space.cluster.hosts[h].num_gpus for h in space.hosts_of_type[t])
                 for t in types}
     modes = sorted(training.recompute_modes, key=lambda r: _RECOMPUTE_COST.get(r, 99))
-    zero = max(training.zero_stages)
+    # ZeRO-1 where allowed (never slower than 0, and 2 and 3 add traffic); else the least.
+    zero = max((z for z in training.zero_stages if z <= 1), default=min(training.zero_stages))
     limit = min(max_stages, nlayers) if types else 0
     done: dict[tuple[StageChoice, ...], float] = {}
     counters = {"rebalanced_fits": 0}

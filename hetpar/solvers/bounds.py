@@ -242,7 +242,7 @@ class Bounds:
             a, b = max(a, a1), min(b, b1)
         # Memory is affine in layers. A prefix's stages may still gain followers (more
         # micro-batches in flight) or stay last (the logits): bound by the lighter case.
-        z = self.zero == 1
+        z = self.zero
         cases = [(inflight, first, last)]
         if position == stages - 1 and not last:
             cases.append((1, first, True))
@@ -250,13 +250,14 @@ class Bounds:
         cap = 0
         for held, is_first, is_last in cases:
             per_layer, m0 = _affine(lambda n: cm.stage_memory(
-                n, stage.tp, stage.dp, seqs, held, is_first, is_last, rc, z)[1])
+                n, stage.tp, stage.dp, seqs, held, is_first, is_last, rc, z,
+                gathered=False)[1])
             if usable >= m0 + per_layer:
                 cap = max(cap, self.layers if per_layer <= 0 else
                           int(math.floor((usable - m0) / per_layer)))
         d = self._dp_seconds(stage, perfs, self.cm.model.params_per_layer / stage.tp)
         params0 = cm.stage_memory(0, stage.tp, stage.dp, seqs, 1, first, last, rc, z)[0]
-        shard = stage.dp if self.zero == 1 else 1
+        shard = stage.dp if self.zero >= 1 else 1
         hbm = min(p.hbm for p in perfs)
         opt_a = self.cm.model.params_per_layer / stage.tp / shard * self.opt_bytes / hbm
         opt_b = params0 / shard * self.opt_bytes / hbm
@@ -306,7 +307,7 @@ class Bounds:
             a, b = _affine(lambda n: self.cm.stage_work(perf, seqs, tp, n, False, False, rc).total)
             # Fewest activations in flight, neither embedding nor logits: the lightest case.
             per_layer, m0 = _affine(lambda n: self.cm.stage_memory(
-                n, tp, dp, seqs, 1, False, False, rc, self.zero == 1)[1])
+                n, tp, dp, seqs, 1, False, False, rc, self.zero, gathered=False)[1])
             cap = (self.layers if per_layer <= 0 else
                    max(0, int(math.floor((perf.usable_bytes - m0) / per_layer))))
             out = (a, b, cap) if out is None else (min(out[0], a), min(out[1], b),

@@ -30,7 +30,7 @@ import gc
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -142,9 +142,8 @@ class Searcher:
     def __post_init__(self) -> None:
         p = self.problem
         self.runtime = get_runtime(p.runtime)
-        # ZeRO-1 is never worse than none (module docstring): the highest the runtime runs.
-        self.zero = max((z for z in p.space.zero_stages if z in self.runtime.zero_stages),
-                        default=min(p.space.zero_stages))
+        self.zeros = zero_options(p.space.zero_stages, self.runtime.zero_stages)
+        self.zero = self.zeros[0]  # the structure's frame is built for the first
         if self.bounds is None:
             self.bounds = make_bounds(p)
         self.layers = p.cm.model.layers
@@ -314,6 +313,18 @@ class Searcher:
         _score_block(self, stages, frame, cm.split_tables(frame), splits, m, rc)
 
 
+def zero_options(allowed: Sequence[int], runnable: Sequence[int]) -> tuple[int, ...]:
+    """The ZeRO stages a search must try, in increasing order: those the spec allows and
+    the runtime runs, less ZeRO-0 where ZeRO-1 is allowed (never faster, never smaller).
+    From ZeRO-1 up a stage is never faster than the one below it, so a split takes the
+    first of them that fits (``best_split``, ``_score_block``); the bounds take the memory
+    of the most sharded one without its gathered layers, less than any of them needs."""
+    zeros = sorted(z for z in allowed if z in runnable) or [min(allowed)]
+    if 1 in zeros and 0 in zeros:
+        zeros.remove(0)
+    return tuple(zeros)
+
+
 @dataclass
 class BudgetSearcher(Searcher):
     """A searcher that also stops after ``max_steps`` clock checks (one per search node),
@@ -388,9 +399,16 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
             frame = cm.frame(plan)
         core = cm.core_split(frame, split)
         s.counters.leaves += 1
-        value = objective.score(core.total, core.feasible)
+        value, zero = objective.score(core.total, core.feasible), s.zero
+        for z in s.zeros[1:]:
+            if math.isfinite(value) and zero >= 1:
+                break  # a higher ZeRO stage is never faster (comm.sharded_dp_traffic)
+            other = cm.core_split(cm.frame(space.to_plan(stages, split, m, rc, z)), split)
+            v = objective.score(other.total, other.feasible)
+            if v < value:
+                value, zero, plan = v, z, None
         if value < s.best_value:
-            s.offer(value, plan or space.to_plan(stages, split, m, rc, s.zero))
+            s.offer(value, plan or space.to_plan(stages, split, m, rc, zero))
         return value, core.boundary
 
     # A first split in proportion to each stage's speed, within memory. Transfer times do
@@ -603,10 +621,25 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
         totals, fits = cm.score_splits(frame, tables, chunk)
         values[lo:lo + len(chunk)] = objective.score_rows(totals, fits)
     s.counters.leaves += len(splits)
+    zero = np.full(len(splits), s.zero)
+    for z in s.zeros[1:]:
+        # A higher ZeRO stage is never faster: only the splits the ones before could not
+        # fit (or ZeRO-0, where ZeRO-1 is not allowed) are scored again.
+        redo = np.flatnonzero(~np.isfinite(values) | (zero < 1))
+        if not len(redo):
+            break
+        other = cm.frame(s.problem.space.to_plan(stages, tuple(int(n) for n in splits[redo[0]]),
+                                                 m, rc, z))
+        totals, fits = cm.score_splits(other, cm.split_tables(other), splits[redo])
+        v = objective.score_rows(totals, fits)
+        better = v < values[redo]
+        values[redo[better]] = v[better]
+        zero[redo[better]] = z
     best = int(np.argmin(values))
     if values[best] < s.best_value:
         split = tuple(int(n) for n in splits[best])
-        s.offer(float(values[best]), s.problem.space.to_plan(stages, split, m, rc, s.zero))
+        s.offer(float(values[best]), s.problem.space.to_plan(stages, split, m, rc,
+                                                             int(zero[best])))
 
 
 _SCORE_CHUNK = 2048  # splits per vectorised pass (bounds the (N, K, p) temporaries)

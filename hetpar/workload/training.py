@@ -56,9 +56,11 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
                                    f"got {r.raw('recompute')!r}")
     zero = r.raw("zero", [0, 1])
     zero = [zero] if isinstance(zero, int) and not isinstance(zero, bool) else zero
-    if not isinstance(zero, list) or not zero or any(z not in (0, 1) or isinstance(z, bool)
+    if not isinstance(zero, list) or not zero or any(z not in (0, 1, 2, 3) or isinstance(z, bool)
                                                      for z in zero):
-        raise r.error("zero", f"expected a list drawn from 0 (off) and 1 (ZeRO-1), got {zero!r}")
+        raise r.error("zero", f"expected a list drawn from 0 (off), 1 (ZeRO-1: optimizer "
+                              f"states sharded), 2 (and gradients) and 3 (and weights, as "
+                              f"FSDP), got {zero!r}")
     seq_len = r.int("seq_len", None, minimum=1, maximum=MAX_SEQ_LEN)
     return TrainingSpec(
         global_batch=r.int("global_batch", minimum=1, maximum=MAX_GLOBAL_BATCH,

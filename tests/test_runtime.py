@@ -4,6 +4,7 @@ exact search over those plans, launch layouts, the frameworks' rank groups and e
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 
 import pytest
@@ -151,9 +152,10 @@ def _best_runnable(problem: Problem, runtime: str) -> float:
             for m in space.micro_batch_options([s.dp for s in stages]):
                 for rc in space.recompute_modes:
                     for zero in space.zero_stages:
-                        plan = space.to_plan(stages, split, m, rc, zero)
-                        if not check_plan(plan, runtime):
-                            best = min(best, obj.score(*cm.iteration_times(plan)))
+                        for v in space.virtual_allowed(split, m):
+                            plan = space.to_plan(stages, split, m, rc, zero, v)
+                            if not check_plan(plan, runtime):
+                                best = min(best, obj.score(*cm.iteration_times(plan)))
     for fn in (megatron_baseline,):
         sol = fn(cm, space, obj)
         if sol.found and not check_plan(sol.plan, runtime):
@@ -179,6 +181,26 @@ def test_exact_over_a_runtime_agrees_with_enumeration(seed, runtime):
     assert sol.inputs["runtime"] == runtime
     # The runtime's optimum is never better than the whole space's.
     assert sol.value >= solve(problem, "exact").value * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed"])
+def test_a_runtime_search_over_interleaving_and_zero_stages(seed, runtime):
+    """With 2 chunks per stage and ZeRO 0-3 allowed: Megatron-LM interleaves even splits
+    only and runs ZeRO 0/1, DeepSpeed's pipeline engine neither interleaves nor runs ZeRO
+    2/3 with a pipeline; exact over each runtime still equals enumeration."""
+    cluster, model, training, objective = tiny_instance(seed)
+    training = dataclasses.replace(training, virtual_stages=(1, 2), zero_stages=(0, 1, 2, 3))
+    problem = Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
+    want = _best_runnable(problem, runtime)
+    if not math.isfinite(want):
+        with pytest.raises(InfeasibleError):
+            solve(problem, "exact", runtime=runtime)
+        return
+    sol = solve(problem, "exact", runtime=runtime)
+    assert sol.certificate.optimal
+    assert check_plan(sol.plan, runtime) == []
+    assert sol.value == pytest.approx(want, rel=1e-9, abs=0.0)
 
 
 def test_two_workers_search_the_runtimes_plans_too():

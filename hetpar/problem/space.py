@@ -207,9 +207,23 @@ class PlanSpace:
     def zero_stages(self) -> tuple[int, ...]:
         return self.training.zero_stages
 
+    @property
+    def virtual_options(self) -> tuple[int, ...]:
+        """Chunk counts per stage of the interleaved schedule plans may use (1 first)."""
+        return self.training.virtual_stages
+
+    def virtual_allowed(self, layers: Sequence[int], micro_batches: int) -> tuple[int, ...]:
+        """The chunk counts a split may use: each divides every stage's layers, and the
+        micro-batches are a multiple of the stage count (``validate_plan``'s rules)."""
+        p = len(layers)
+        if p < 2 or micro_batches % p:
+            return (1,)
+        return tuple(v for v in self.training.virtual_stages
+                     if all(n % v == 0 for n in layers))
+
     # ---- plans ---------------------------------------------------------------------------
     def to_plan(self, stages: Sequence[StageChoice], layers: Sequence[int], micro_batches: int,
-                recompute: str, zero: int) -> Plan:
+                recompute: str, zero: int, virtual_stages: int = 1) -> Plan:
         """The plan of these choices, taking each host's GPUs in index order."""
         nxt = [0] * len(self.cluster.hosts)
         out = []
@@ -222,7 +236,7 @@ class PlanSpace:
                     nxt[h] += st.tp
             out.append(Stage(n, st.tp, tuple(reps)))
         sp = self.training.sequence_parallel and any(st.tp > 1 for st in stages)
-        return Plan(tuple(out), micro_batches, recompute, zero, sp)
+        return Plan(tuple(out), micro_batches, recompute, zero, sp, virtual_stages)
 
     def decompose(self, plan: Plan, source: str = "<plan>",
                   ) -> tuple[tuple[StageChoice, ...], tuple[int, ...]]:

@@ -61,6 +61,13 @@ class Runtime:
     description: str
     sequence_parallel: bool = True
     interleaving: bool = True
+    single_stage_zero: tuple[int, ...] | None = None  # without a pipeline (None: as above)
+
+    def zero_for(self, stages: int) -> tuple[int, ...]:
+        """The ZeRO stages it runs for a pipeline of this many stages."""
+        if stages == 1 and self.single_stage_zero is not None:
+            return self.single_stage_zero
+        return self.zero_stages
 
     @property
     def unrestricted(self) -> bool:
@@ -78,7 +85,8 @@ RUNTIMES: dict[str, Runtime] = {
                          "DeepSpeed pipeline engine: one TP and DP degree, pipe-data-model "
                          "rank order, partition_method='uniform', ZeRO 0 or 1 (any without "
                          "a pipeline), no interleaving or sequence parallelism",
-                         sequence_parallel=False, interleaving=False),
+                         sequence_parallel=False, interleaving=False,
+                         single_stage_zero=(0, 1, 2, 3)),
 }
 
 
@@ -234,8 +242,7 @@ def check_plan(plan: Plan, runtime: str | Runtime) -> list[str]:
         else:
             why.append(f"layer split {'/'.join(map(str, split))}: Megatron-LM needs the same "
                        f"count on every stage but the first and the last")
-    if plan.zero not in rt.zero_stages and not (rt.name == "deepspeed"
-                                                and plan.num_stages == 1):
+    if plan.zero not in rt.zero_for(plan.num_stages):
         why.append(f"ZeRO stage {plan.zero}: {rt.name} runs "
                    f"{' or '.join(map(str, rt.zero_stages))} with pipeline parallelism")
     if plan.sequence_parallel and not rt.sequence_parallel:

@@ -162,8 +162,11 @@ class _ThresholdTest:
         self.room = room
 
     def fill(self, tau: float, need: float = math.inf) -> float:
-        return self.bounds._fill(self.profs, self.icpt, self.slope, tau, self.m, self.rc,
-                                 self.pool, self.floor, self.last_hosts, self.e_hosts, need)
+        """The least work sum under ``tau``, at the bounds' share of the fill."""
+        share = self.bounds.work_share
+        return share * self.bounds._fill(self.profs, self.icpt, self.slope, tau, self.m,
+                                         self.rc, self.pool, self.floor, self.last_hosts,
+                                         self.e_hosts, need / share)
 
     def passes(self, lo: float, hi: float, f_hi: float, depth: int) -> bool:
         """Whether thresholds in [lo, hi] may beat the target (``f_hi``: a lower bound of
@@ -198,6 +201,11 @@ class Bounds:
         self.batch = self.cm.training.global_batch
         self.layers = self.cm.model.layers
         self.fixed = self.cm.framework.iteration_overhead_s
+        # Under the interleaved schedule with v chunks a pipeline's fill costs only 1/v of
+        # its stages' work (costmodel/schedule.py: T >= (M-1) max u_i + sum_i t_i / v +
+        # sum_b c_b): every bound counts the work sum at this share, for the largest v the
+        # space allows (1: plain 1F1B, the bounds as they were).
+        self.work_share = 1.0 / max(self.space.virtual_options)
         grad_per_param = self.cm.constants.grad_bytes
         self.layer_grad = self.cm.model.params_per_layer * grad_per_param
         self.opt_bytes = self.cm.constants.optimizer_bytes_per_param
@@ -1150,7 +1158,7 @@ class Bounds:
                 return False, False, True
             profiles.append(prof)
         trans = [self.boundary(x, y, m) for x, y in zip(prefix, prefix[1:])]
-        base = self.fixed + sum(p.b for p in profiles) + sum(trans)
+        base = self.fixed + self.work_share * sum(p.b for p in profiles) + sum(trans)
         if base >= target:
             return False, False, False
         pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
@@ -1220,10 +1228,10 @@ class Bounds:
         if closed:
             assert closing is not None  # the caller tests it first
             profs = profiles[:-1] + [closing]
-            fixed = base + closing.b - profiles[-1].b
+            fixed = base + self.work_share * (closing.b - profiles[-1].b)
         else:
             profs = profiles
-            fixed = base + ex + last_fixed
+            fixed = base + ex + self.work_share * last_fixed
         room = target - fixed
         if room <= floor:
             return False  # the data-parallel phase alone leaves no room
@@ -1280,7 +1288,7 @@ class Bounds:
         pool_types = [(t, tuple(free[h] for h in self.space.hosts_of_type[t]))
                       for t in self.space.types]
         pool_types = [(t, g) for t, g in pool_types if any(g)]
-        fixed = self.fixed + self.pool_last_fixed(pool_types, m, rc)
+        fixed = self.fixed + self.work_share * self.pool_last_fixed(pool_types, m, rc)
         room = target - fixed
         if room <= 0:
             return False
@@ -1289,8 +1297,8 @@ class Bounds:
         for lo, hi in zip(grid, grid[1:]):
             # (Without the host-level pool capacity: over the whole cluster its tables
             # cost more than a certificate's grace allows.)
-            fill = self._fill([], [], [], hi, m, rc,
-                              (pool_types, pool_a, target, free, None, True))
+            fill = self.work_share * self._fill([], [], [], hi, m, rc,
+                                                (pool_types, pool_a, target, free, None, True))
             if lo + fill < room:
                 return True
         return False

@@ -46,7 +46,7 @@ def count_plans(space: PlanSpace, cap: int) -> int | None:
     stage sequences; None as soon as the count (or the sequences walked) passes ``cap``,
     so refusing a large space up front costs at most ``cap`` steps."""
     layers = space.model.layers
-    n_opts = len(space.recompute_modes) * len(space.zero_stages)
+    n_opts = len(space.recompute_modes) * len(space.zero_stages) * len(space.virtual_options)
     total = walked = 0
     for stages in skeletons(space, layers):
         walked += 1
@@ -68,11 +68,12 @@ def brute(cm: CostModel, space: PlanSpace, objective: Objective) -> Solution:
             for m in ms:
                 for rc in space.recompute_modes:
                     for zero in space.zero_stages:
-                        plan = space.to_plan(stages, split, m, rc, zero)
-                        value = objective.score(*cm.iteration_times(plan))
-                        leaves += 1
-                        if value < best_value:
-                            best_value, best = value, plan
+                        for v in space.virtual_allowed(split, m):
+                            plan = space.to_plan(stages, split, m, rc, zero, v)
+                            value = objective.score(*cm.iteration_times(plan))
+                            leaves += 1
+                            if value < best_value:
+                                best_value, best = value, plan
     wall = time.perf_counter() - start
     cert = Certificate(optimal=True, lower_bound=best_value, nodes=leaves, leaves=leaves,
                        space_size=leaves, space_size_exact=True, wall_s=wall)

@@ -39,6 +39,7 @@ import numpy as np
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.frame import PlanFrame, SplitTables
 from hetpar.costmodel.objective import Objective
+from hetpar.errors import InfeasibleError
 from hetpar.plan import Plan
 from hetpar.solvers.bounds import Bounds, StageProfile
 from hetpar.solvers.climb import best_move, climb
@@ -143,7 +144,14 @@ class Searcher:
         p = self.problem
         self.runtime = get_runtime(p.runtime)
         self.zeros = zero_options(p.space.zero_stages, self.runtime.zero_stages)
+        if not self.zeros:
+            raise InfeasibleError(
+                f"{self.runtime.name} runs ZeRO {' or '.join(map(str, self.runtime.zero_stages))}"
+                f" with pipeline parallelism; the training spec allows only "
+                f"{', '.join(map(str, p.space.zero_stages))}")
         self.zero = self.zeros[0]  # the structure's frame is built for the first
+        # Without a pipeline a runtime may run more stages (DeepSpeed: ZeRO 0-3).
+        self.zeros_single = zero_options(p.space.zero_stages, self.runtime.zero_for(1))
         if self.bounds is None:
             self.bounds = make_bounds(p)
         self.layers = p.cm.model.layers
@@ -319,7 +327,7 @@ def zero_options(allowed: Sequence[int], runnable: Sequence[int]) -> tuple[int, 
     From ZeRO-1 up a stage is never faster than the one below it, so a split takes the
     first of them that fits (``best_split``, ``_score_block``); the bounds take the memory
     of the most sharded one without its gathered layers, less than any of them needs."""
-    zeros = sorted(z for z in allowed if z in runnable) or [min(allowed)]
+    zeros = sorted(z for z in allowed if z in runnable)
     if 1 in zeros and 0 in zeros:
         zeros.remove(0)
     return tuple(zeros)
@@ -399,23 +407,34 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
             frame = cm.frame(plan)
         core = cm.core_split(frame, split)
         s.counters.leaves += 1
-        value, zero = objective.score(core.total, core.feasible), s.zero
-        for z in s.zeros[1:]:
-            if math.isfinite(value) and zero >= 1:
-                break  # a higher ZeRO stage is never faster (comm.sharded_dp_traffic)
-            other = cm.core_split(cm.frame(space.to_plan(stages, split, m, rc, z)), split)
-            v = objective.score(other.total, other.feasible)
-            if v < value:
-                value, zero, plan = v, z, None
+        value = objective.score(core.total, core.feasible)
+        best_opts = (s.zero, 1)
+        for v in space.virtual_allowed(split, m):
+            at_z = value if v == 1 else math.inf
+            zero = s.zero if v == 1 else -1
+            zeros = s.zeros if p > 1 else s.zeros_single
+            for z in zeros if v > 1 else [z for z in zeros if z != s.zero]:
+                if math.isfinite(at_z) and zero >= 1:
+                    break  # a higher ZeRO stage is never faster (comm.sharded_dp_traffic)
+                other = cm.core_split(cm.frame(space.to_plan(stages, split, m, rc, z, v)),
+                                      split)
+                score = objective.score(other.total, other.feasible)
+                if score < at_z or zero < 0:
+                    at_z, zero = score, z
+            if at_z < value:
+                value, best_opts, plan = at_z, (zero, v), None
         if value < s.best_value:
-            s.offer(value, plan or space.to_plan(stages, split, m, rc, zero))
+            s.offer(value, plan or space.to_plan(stages, split, m, rc, *best_opts))
         return value, core.boundary
 
     # A first split in proportion to each stage's speed, within memory. Transfer times do
     # not depend on the split: bound without them first, and only if that does not prune,
     # evaluate the first split, whose report gives them (and a first incumbent).
     a = [pr.a for pr in prof]
-    fixed0 = s.bounds.fixed + sum(pr.b for pr in prof)
+    # The stages' work enters the fill at the bounds' share (1/v for the most chunks the
+    # space allows: Bounds.work_share); their cycles and all-reduces in full.
+    share = s.bounds.work_share
+    fixed0 = s.bounds.fixed + share * sum(pr.b for pr in prof)
     gam0 = [pr.b for pr in prof]
     target = s.target()
     # Two bounds of the same relaxation: the cheap one minimises the work sum and the
@@ -424,8 +443,8 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
     opt_least = max(pr.opt_a + pr.opt_b for pr in prof)
     apart = _SuffixFill([(m - 1) * pr.a + pr.d for pr in prof],
                         [(m - 1) * pr.b + pr.d0 for pr in prof])(0, L)
-    if fixed0 + sum(a) + (L - p) * min(a) + apart + opt_least >= target or \
-            _root_bound(prof, a, gam0, m, L, fixed0) >= target:
+    if fixed0 + share * (sum(a) + (L - p) * min(a)) + apart + opt_least >= target or \
+            _root_bound(prof, [share * x for x in a], gam0, m, L, fixed0) >= target:
         s.counters.pruned_bound += 1
         return
     speed = [1.0 / pr.a if pr.a > 0 else 1.0 for pr in prof]
@@ -476,7 +495,7 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
             tail = joint_tail = dp_rest = opt_rest = -math.inf
         apart = (m - 1) * max(cycle, tail) + max(dp, dp_rest, 0.0)
         together = max(joint, joint_tail)
-        return fixed + work + max(apart, together) + max(opt, opt_rest, 0.0)
+        return fixed + share * work + max(apart, together) + max(opt, opt_rest, 0.0)
 
     # The last stages' splits under a fixed prefix are few: scored in one vectorised pass
     # instead of walking their subtree node by node.
@@ -544,7 +563,7 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
             dfs(j + 1, used + k, *args)
 
     if max(lower(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf),
-           _root_bound(prof, a, gam, m, L, fixed)) >= s.target():
+           _root_bound(prof, [share * x for x in a], gam, m, L, fixed)) >= s.target():
         s.counters.pruned_bound += 1
         return
     try:
@@ -611,35 +630,61 @@ def _enumerate_splits(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanF
                  _compositions(s.layers, tuple(caps)), m, rc)
 
 
-def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
-                 tables: SplitTables, splits: np.ndarray, m: int, rc: str) -> None:
-    """Score the layer splits ``splits`` ((N, p)) of one structure; offer the best."""
-    cm, objective = s.problem.cm, s.problem.objective
+def _score_rows(cm: CostModel, objective: Objective, frame: PlanFrame, tables: SplitTables,
+                splits: np.ndarray) -> np.ndarray:
+    """The objective's values of ``splits`` ((N, p)) of one structure, in chunks."""
     values = np.full(len(splits), np.inf)
     for lo in range(0, len(splits), _SCORE_CHUNK):
         chunk = splits[lo:lo + _SCORE_CHUNK]
         totals, fits = cm.score_splits(frame, tables, chunk)
         values[lo:lo + len(chunk)] = objective.score_rows(totals, fits)
+    return values
+
+
+def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
+                 tables: SplitTables, splits: np.ndarray, m: int, rc: str) -> None:
+    """Score the layer splits ``splits`` ((N, p)) of one structure; offer the best. Each
+    split takes its best ZeRO stage and chunk count: per chunk count, the first stage from
+    ZeRO-1 up that fits (a higher one is never faster: only the splits the ones before could
+    not fit, or ZeRO-0 where ZeRO-1 is not allowed, are scored again)."""
+    cm, objective, space = s.problem.cm, s.problem.objective, s.problem.space
+    values = _score_rows(cm, objective, frame, tables, splits)
     s.counters.leaves += len(splits)
     zero = np.full(len(splits), s.zero)
-    for z in s.zeros[1:]:
-        # A higher ZeRO stage is never faster: only the splits the ones before could not
-        # fit (or ZeRO-0, where ZeRO-1 is not allowed) are scored again.
-        redo = np.flatnonzero(~np.isfinite(values) | (zero < 1))
-        if not len(redo):
+    virtual = np.ones(len(splits), dtype=np.intp)
+    p = len(stages)
+    for v in space.virtual_options:
+        if v > 1 and (p < 2 or m % p or not s.runtime.interleaving):
             break
-        other = cm.frame(s.problem.space.to_plan(stages, tuple(int(n) for n in splits[redo[0]]),
-                                                 m, rc, z))
-        totals, fits = cm.score_splits(other, cm.split_tables(other), splits[redo])
-        v = objective.score_rows(totals, fits)
-        better = v < values[redo]
-        values[redo[better]] = v[better]
-        zero[redo[better]] = z
+        ok = (splits % v == 0).all(axis=1)
+        if v > 1 and not s.runtime.unrestricted:
+            ok &= (splits == splits[:, :1]).all(axis=1)  # Megatron-LM: even splits only
+        rows = np.arange(len(splits)) if v == 1 else np.flatnonzero(ok)
+        if not len(rows):
+            continue
+        at = values[rows] if v == 1 else np.full(len(rows), np.inf)
+        at_zero = zero[rows] if v == 1 else np.full(len(rows), -1)
+        zeros = s.zeros if p > 1 else s.zeros_single
+        for z in zeros if v > 1 else [z for z in zeros if z != s.zero]:
+            redo = np.flatnonzero(~np.isfinite(at) | (at_zero < 1))
+            if not len(redo):
+                break
+            picked = splits[rows[redo]]
+            other = cm.frame(space.to_plan(stages, tuple(int(n) for n in picked[0]), m, rc,
+                                           z, v))
+            got = _score_rows(cm, objective, other, cm.split_tables(other), picked)
+            better = (got < at[redo]) | (at_zero[redo] < 0)
+            at[redo[better]] = got[better]
+            at_zero[redo[better]] = z
+        gain = at < values[rows]
+        values[rows[gain]] = at[gain]
+        zero[rows[gain]] = at_zero[gain]
+        virtual[rows[gain]] = v
     best = int(np.argmin(values))
     if values[best] < s.best_value:
         split = tuple(int(n) for n in splits[best])
-        s.offer(float(values[best]), s.problem.space.to_plan(stages, split, m, rc,
-                                                             int(zero[best])))
+        s.offer(float(values[best]), space.to_plan(stages, split, m, rc, int(zero[best]),
+                                                   int(virtual[best])))
 
 
 _SCORE_CHUNK = 2048  # splits per vectorised pass (bounds the (N, K, p) temporaries)

@@ -21,7 +21,8 @@ class TrainingSpec:
     ``recompute_modes`` and ``zero_stages`` are the options plans may choose from;
     ``sequence_parallel`` lets them use Megatron-LM's sequence parallelism, which the
     searchers then turn on in every plan with a tensor-parallel stage (it is never slower
-    and never needs more memory in the cost model);
+    and never needs more memory in the cost model); ``virtual_stages`` the chunk counts of
+    the interleaved 1F1B schedule they may use (1, plain 1F1B, always);
     ``flash_attention`` drops the s^2 attention activations and their memory traffic;
     ``framework`` selects the calibrated framework constants (configs/calibration.yaml).
     """
@@ -33,6 +34,7 @@ class TrainingSpec:
     zero_stages: tuple[int, ...] = (0, 1)
     flash_attention: bool = False
     sequence_parallel: bool = False
+    virtual_stages: tuple[int, ...] = (1,)
     framework: str = "megatron-lm"
     name: str = "training"
 
@@ -42,7 +44,8 @@ class TrainingSpec:
 
 
 _KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision", "recompute",
-                   "zero", "flash_attention", "framework", "sequence_parallel"})
+                   "zero", "flash_attention", "framework", "sequence_parallel",
+                   "virtual_stages"})
 
 
 def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
@@ -61,6 +64,12 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
         raise r.error("zero", f"expected a list drawn from 0 (off), 1 (ZeRO-1: optimizer "
                               f"states sharded), 2 (and gradients) and 3 (and weights, as "
                               f"FSDP), got {zero!r}")
+    virtual = r.raw("virtual_stages", [1])
+    virtual = [virtual] if isinstance(virtual, int) and not isinstance(virtual, bool) else virtual
+    if not isinstance(virtual, list) or not virtual or any(
+            not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 64 for v in virtual):
+        raise r.error("virtual_stages", f"expected a list of chunk counts per stage (1 to 64) "
+                                        f"for the interleaved schedule, got {virtual!r}")
     seq_len = r.int("seq_len", None, minimum=1, maximum=MAX_SEQ_LEN)
     return TrainingSpec(
         global_batch=r.int("global_batch", minimum=1, maximum=MAX_GLOBAL_BATCH,
@@ -71,6 +80,7 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
         zero_stages=tuple(sorted(set(zero))),
         flash_attention=r.bool("flash_attention", False),
         sequence_parallel=r.bool("sequence_parallel", False),
+        virtual_stages=tuple(sorted({1, *virtual})),
         framework=r.str("framework", "megatron-lm"),
         name=r.str("name", Path(source).stem if source != "<dict>" else "training"),
     )

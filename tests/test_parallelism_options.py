@@ -589,3 +589,22 @@ def test_interleaving_is_found_where_it_pays():
     assert plain.plan.num_stages > 1 and plain.plan.virtual_stages == 1
     assert inter.plan.virtual_stages > 1
     assert inter.value < 0.9 * plain.value
+
+
+def test_estimates_name_their_uncalibrated_gpu_types(tmp_path, capsys):
+    """V100 has no fitted efficiency of its own (the default's, fitted on A100 runs): the
+    estimate says so; the fitted T4 and A100 are not named."""
+    from hetpar.cluster import load_cluster
+    from hetpar.costmodel import estimate
+    from hetpar.workload import load_model, load_training
+    cluster, model, training = (load_cluster("amp-het-16"), load_model("gpt2-medium"),
+                                load_training(None))
+    plan = Plan.load("configs/plans/amp-het-16-gpt2.json")
+    est = estimate(cluster, model, training, plan, samples=0)
+    used = {m.gpu_type for m in est.memory}
+    assert used == {"V100-SXM2-16GB", "T4-16GB"}
+    assert est.uncalibrated == ("V100-SXM2-16GB",)
+    assert est.to_dict()["uncalibrated_gpus"] == ["V100-SXM2-16GB"]
+    code, out, _ = run(capsys, "estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                       "--plan", "configs/plans/amp-het-16-gpt2.json", "--samples", "0")
+    assert code == 0 and "uncalibrated" in out and "V100-SXM2-16GB" in out

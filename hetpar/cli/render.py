@@ -31,6 +31,11 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
                   f"ZeRO-{plan.zero}"
                   f"{', sequence parallel' if plan.sequence_parallel else ''}"
                   f"{f', {plan.virtual_stages} virtual stages (interleaved 1F1B)' if plan.virtual_stages > 1 else ''}")
+    if est.uncalibrated:
+        console.print(f"[yellow]uncalibrated[/] {', '.join(est.uncalibrated)}: no fitted "
+                      f"efficiency of their own, so the default's (fitted on A100 runs) "
+                      f"with their datasheet peak and bandwidth; `hetpar profile` fits one "
+                      f"on your hardware")
 
     layout = Table(title="Plan", title_justify="left")
     for col in ("stage", "layers", "tp", "dp", "GPU type", "hosts"):

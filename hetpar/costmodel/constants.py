@@ -101,6 +101,11 @@ class CostConstants:
     def gpu_efficiency(self, gpu_name: str) -> GpuEfficiency:
         return self.gpu.get(gpu_name) or self.gpu["default"]
 
+    def calibrated(self, gpu_name: str) -> bool:
+        """Whether the GPU type has fitted efficiencies of its own (else the default's,
+        fitted on the A100 runs: its datasheet peak and bandwidth set its speed)."""
+        return gpu_name in self.gpu
+
     def framework(self, name: str) -> FrameworkConstants:
         fw = self.frameworks.get(name)
         if fw is None:

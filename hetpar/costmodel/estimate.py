@@ -124,6 +124,8 @@ class Estimate:
     model_flops_per_iter: float
     peak_flops: float
     samples: int = field(default=0)
+    # GPU types of the plan without fitted efficiencies of their own (the default's).
+    uncalibrated: tuple[str, ...] = field(default=())
 
     @property
     def iter_time_mean(self) -> float:
@@ -177,6 +179,7 @@ class Estimate:
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
             "breakdown_s": dict(self.breakdown),
+            "uncalibrated_gpus": list(self.uncalibrated),
             "stages": [s.to_dict() for s in self.stages],
             "memory": [{"stage": m.stage, "host": m.host, "gpus": list(m.gpus),
                         "gpu_type": m.gpu_type, "used_gib": m.used_bytes / GIB,
@@ -766,11 +769,13 @@ class CostModel:
         tokens = self.training.global_batch * self.seq_len
         peak = sum(perf.peak_flops * st.tp
                    for st, perfs in zip(plan.stages, core.perfs) for perf in perfs)
+        uncalibrated = tuple(sorted({perf.name for perfs in core.perfs for perf in perfs
+                                     if not self.constants.calibrated(perf.name)}))
         return Estimate(plan=plan, iter_time=np.broadcast_to(total, (self.num_samples,)).copy(),
                         feasible=not overflow, stages=tuple(stages), memory=tuple(memories),
                         breakdown=breakdown, overflow=overflow, tokens_per_iter=tokens,
                         model_flops_per_iter=self.model_flops_per_iter, peak_flops=peak,
-                        samples=self.num_samples)
+                        samples=self.num_samples, uncalibrated=uncalibrated)
 
 
 def estimate(cluster: Cluster, model: ModelSpec, training: TrainingSpec, plan: Plan, *,

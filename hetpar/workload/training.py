@@ -38,6 +38,10 @@ class TrainingSpec:
     framework: str = "megatron-lm"
     name: str = "training"
 
+    def __post_init__(self) -> None:
+        # Plain 1F1B is always a plan's option; the searchers rely on 1 coming first.
+        object.__setattr__(self, "virtual_stages", tuple(sorted({1, *self.virtual_stages})))
+
     @property
     def bytes_per_value(self) -> int:
         return 2

@@ -16,6 +16,10 @@ that uses none of them is written as version 1, so older readers keep reading it
   schedule runs micro-batches in groups of one per stage; Megatron-LM asserts it).
 * ``zero`` 2 and 3: gradients (2), and parameters too (3, as FSDP), sharded over each
   stage's replicas; 0 and 1 as before (1 = Megatron-LM's distributed optimizer).
+* ``context_parallel``: Megatron-LM's context parallelism, each sequence split over that
+  many TP blocks of a stage (consecutive entries of its ``replicas``, on one host), which
+  exchange keys and values around a ring in every attention layer; a stage's
+  data-parallel degree is then its replica count over it.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "Stage", "Replica", "validate_plan", "PLAN_VERSION"]
 
 PLAN_VERSION = 2
-_V2_FIELDS = ("sequence_parallel", "virtual_stages")
+_V2_FIELDS = ("sequence_parallel", "virtual_stages", "context_parallel")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class Stage:
 
     @cached_property
     def dp(self) -> int:
+        """TP blocks of the stage (its data-parallel degree times the plan's context
+        parallelism: what the cost model and the search count)."""
         return len(self.replicas)
 
 
@@ -67,13 +73,15 @@ class Plan:
     zero: int = 0
     sequence_parallel: bool = False
     virtual_stages: int = 1
+    context_parallel: int = 1
     # The format version it was read from (not part of the plan's identity).
     version: int = field(default=1, compare=False)
 
     @property
     def format_version(self) -> int:
         """The oldest format that expresses the plan (what ``to_dict`` writes)."""
-        return 2 if (self.sequence_parallel or self.virtual_stages != 1 or self.zero > 1) else 1
+        return 2 if (self.sequence_parallel or self.virtual_stages != 1 or self.zero > 1
+                     or self.context_parallel != 1) else 1
 
     @property
     def num_stages(self) -> int:
@@ -139,6 +147,8 @@ class Plan:
             zero=r.int("zero", 0, minimum=0, maximum=3 if version > 1 else 1),
             sequence_parallel=r.bool("sequence_parallel", False),
             virtual_stages=r.int("virtual_stages", 1, minimum=1, maximum=limits.MAX_LAYERS),
+            context_parallel=r.int("context_parallel", 1, minimum=1,
+                                   maximum=limits.MAX_GPUS_PER_HOST),
             version=version,
         )
 
@@ -167,7 +177,8 @@ class Plan:
         }
         if self.format_version > 1:
             out.update(sequence_parallel=self.sequence_parallel,
-                       virtual_stages=self.virtual_stages)
+                       virtual_stages=self.virtual_stages,
+                       context_parallel=self.context_parallel)
         out["stages"] = [{"layers": s.layers, "tp": s.tp,
                           "replicas": [{"host": r.host, "gpus": list(r.gpus)}
                                        for r in s.replicas]}
@@ -190,7 +201,8 @@ class Plan:
             hosts = sorted({r.host for r in s.replicas})
             parts.append(f"S{i}[{s.layers}L tp{s.tp} dp{s.dp} on {','.join(hosts)}]")
         extra = (" sp" if self.sequence_parallel else "") + (
-            f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+            f" v{self.virtual_stages}" if self.virtual_stages > 1 else "") + (
+            f" cp{self.context_parallel}" if self.context_parallel > 1 else "")
         return (f"M={self.micro_batches} {self.recompute} zero{self.zero}{extra}: "
                 + " | ".join(parts))
 
@@ -251,11 +263,31 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, training: Trai
         raise PlanError(source, "micro_batches", f"global batch {batch} does not divide evenly "
                                                  f"into {plan.micro_batches} micro-batches")
     mbs = batch // plan.micro_batches
+    cp = plan.context_parallel
+    if cp > 1:
+        seq_len = training.seq_len or model.seq_len
+        if seq_len % (2 * cp):
+            raise PlanError(source, "context_parallel",
+                            f"context parallelism splits a sequence into 2 x {cp} chunks: "
+                            f"{seq_len} tokens do not divide evenly")
     for i, stage in enumerate(plan.stages):
-        if mbs % stage.dp:
+        if stage.dp % cp:
+            raise PlanError(source, f"stages[{i}].replicas",
+                            f"{stage.dp} replicas do not form groups of "
+                            f"context_parallel={cp}")
+        for g in range(0, stage.dp, cp) if cp > 1 else ():
+            hosts = {r.host for r in stage.replicas[g:g + cp]}
+            if len(hosts) > 1:
+                raise PlanError(source, f"stages[{i}].replicas",
+                                f"a context-parallel group spans hosts "
+                                f"{', '.join(sorted(hosts))} (hetpar models a group's key and "
+                                f"value ring over one host's scale-up link)")
+        if mbs % (stage.dp // cp):
             raise PlanError(source, f"stages[{i}].replicas",
                             f"micro-batch of {mbs} sequences does not divide evenly over "
-                            f"{stage.dp} replicas")
+                            f"{stage.dp // cp} replicas" + (f" ({stage.dp} over context "
+                                                            f"parallelism {cp})" if cp > 1
+                                                            else ""))
     v = plan.virtual_stages
     if v > 1:
         p = plan.num_stages

@@ -608,3 +608,96 @@ def test_estimates_name_their_uncalibrated_gpu_types(tmp_path, capsys):
     code, out, _ = run(capsys, "estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                        "--plan", "configs/plans/amp-het-16-gpt2.json", "--samples", "0")
     assert code == 0 and "uncalibrated" in out and "V100-SXM2-16GB" in out
+
+
+# ---- context parallelism ------------------------------------------------------------------
+
+def cp_instance(seq_len=32768, cp=2, micro_batches=None, hosts=2):
+    """Two (or more) 8-GPU A100 hosts, a 32-layer 4096-wide model, two stages of four tp2
+    blocks, ``cp`` blocks per context-parallel group."""
+    cluster = parse_cluster({"hosts": [{"name": "h", "count": hosts, "gpu": "A100-SXM4-80GB",
+                                        "gpus": 8, "nic_gbps": 400}],
+                             "topology": {"kind": "single_switch"}})
+    model = parse_model({"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000,
+                         "seq_len": seq_len})
+    training = parse_training({"global_batch": 8, "flash_attention": True})
+    stages = [{"layers": 16, "tp": 2,
+               "replicas": [{"host": h, "gpus": [2 * k, 2 * k + 1]} for k in range(4)]}
+              for h in ("h-0", "h-1")]
+    m = micro_batches or {1: 2, 2: 4, 4: 8}[cp]
+    plan = Plan.from_dict({"version": 2, "micro_batches": m, "recompute": "selective",
+                           "context_parallel": cp, "stages": stages})
+    return cluster, model, training, plan
+
+
+def test_context_parallelism_rules_name_the_problem():
+    cluster, model, training, plan = cp_instance(cp=2)
+    validate_plan(plan, cluster, model, training)
+    c3, m3, t3, p3 = cp_instance(seq_len=24576, cp=2)  # 24576 splits into 2 x 3 chunks
+    with pytest.raises(PlanError, match="do not form groups of context_parallel=3"):
+        validate_plan(dataclasses.replace(p3, context_parallel=3), c3, m3, t3)
+    with pytest.raises(PlanError, match="does not divide evenly over 2 replicas"):
+        validate_plan(dataclasses.replace(plan, micro_batches=8), cluster, model, training)
+    odd = parse_model({"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000,
+                       "seq_len": 32770})
+    with pytest.raises(PlanError, match="2 x 2 chunks"):
+        validate_plan(plan, cluster, odd, training)
+    # A group whose blocks lie on two hosts.
+    doc = plan.to_dict()
+    doc["stages"][0]["replicas"][1] = {"host": "h-1", "gpus": [2, 3]}
+    doc["stages"][1]["replicas"][1] = {"host": "h-0", "gpus": [2, 3]}
+    with pytest.raises(PlanError, match="context-parallel group spans hosts"):
+        validate_plan(Plan.from_dict(doc), cluster, model, training)
+    assert Plan.from_json(plan.to_json()) == plan and plan.to_dict()["version"] == 2
+
+
+def test_context_parallelism_costs_what_its_blocks_cost_plus_the_ring():
+    """A context-parallel plan's GPUs hold and compute what those of the data-parallel plan
+    with as many blocks and the same tokens per block do; only the key/value ring, where
+    the attention cannot hide it, adds time."""
+    for seq_len in (512, 32768):
+        cluster, model, training, plan = cp_instance(seq_len=seq_len, cp=2)
+        # 16 sequences in 4 micro-batches over each stage's 4 blocks: as 4 data-parallel
+        # replicas of 1 sequence each, or (context parallel) 2 replicas of 2 sequences, each
+        # split over 2 blocks: one sequence's tokens per block either way.
+        training = dataclasses.replace(training, global_batch=16)
+        cm = cost_model(cluster, model, training, samples=0)
+        twin = cm.evaluate(dataclasses.replace(plan, context_parallel=1))
+        est = cm.evaluate(plan)
+        assert [m.used_bytes for m in est.memory] == pytest.approx(
+            [m.used_bytes for m in twin.memory], rel=1e-12)
+        for a, b in zip(est.stages, twin.stages):
+            assert a.work.fwd == pytest.approx(b.work.fwd, rel=1e-12)
+            assert a.work.tp_comm >= b.work.tp_comm * (1 - 1e-12)
+        if seq_len == 512:  # short sequences: too little attention to hide the ring
+            assert est.stages[0].work.tp_comm > twin.stages[0].work.tp_comm
+        else:  # long ones hide it behind the attention entirely
+            assert est.stages[0].work.tp_comm == pytest.approx(twin.stages[0].work.tp_comm)
+
+
+def test_context_parallelism_makes_a_long_sequence_fit():
+    cluster, model, training, plan = cp_instance(cp=1)
+    cm = cost_model(cluster, model, training, samples=0)
+    assert not cm.evaluate(plan).feasible
+    for cp in (2, 4):
+        split = cm.evaluate(cp_instance(cp=cp)[3])
+        assert split.feasible
+    assert cm.evaluate(cp_instance(cp=4)[3]).iter_time_mean < \
+        cm.evaluate(cp_instance(cp=2)[3]).iter_time_mean
+
+
+def test_context_parallel_plans_export_for_megatron(tmp_path):
+    cluster, model, training, plan = cp_instance(cp=2)
+    assert runnable_by(plan) == ("any", "megatron")
+    assert any("context parallelism" in w for w in check_plan(plan, "deepspeed"))
+    export_plan(plan, "megatron", tmp_path / "m", model, training)
+    args = (tmp_path / "m" / "megatron.args").read_text().split()
+    assert args[args.index("--context-parallel-size") + 1] == "2"
+    # 8 sequences, 4 micro-batches, 2 data-parallel replicas: 1 sequence each.
+    assert args[args.index("--micro-batch-size") + 1] == "1"
+    assert read_export(tmp_path / "m", "megatron") == plan
+    export_plan(plan, "torchrun", tmp_path / "t", model, training)
+    ranks = json.loads((tmp_path / "t" / "ranks.json").read_text())
+    assert (ranks["tp"], ranks["cp"], ranks["dp"], ranks["pp"]) == (2, 2, 2, 2)
+    assert {r["cp_rank"] for r in ranks["ranks"]} == {0, 1}
+    assert read_export(tmp_path / "t", "torchrun") == plan

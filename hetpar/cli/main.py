@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                       default=None, help="Megatron-LM's sequence parallelism on or off")
     opts.add_argument("--virtual-stages", type=int, default=None, metavar="V",
                       help="chunks per stage of the interleaved 1F1B schedule (1: plain 1F1B)")
+    opts.add_argument("--context-parallel", type=int, default=None, metavar="C",
+                      help="TP blocks each sequence is split over (consecutive replicas of a "
+                           "stage, on one host)")
     opts.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                       help="ZeRO stage: 1 shards optimizer states (Megatron-LM's distributed "
                            "optimizer), 2 gradients too, 3 weights too (FSDP)")
@@ -312,10 +315,12 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     plan = Plan.load(args.plan)
     changes = {k: v for k, v in (("sequence_parallel", args.sequence_parallel),
                                  ("virtual_stages", args.virtual_stages),
+                                 ("context_parallel", args.context_parallel),
                                  ("zero", args.zero)) if v is not None}
-    if changes.get("virtual_stages", 1) < 1:
-        raise ConfigError("--virtual-stages", "", f"must be at least 1, got "
-                                                  f"{args.virtual_stages}")
+    for key, flag in (("virtual_stages", "--virtual-stages"),
+                      ("context_parallel", "--context-parallel")):
+        if changes.get(key, 1) < 1:
+            raise ConfigError(flag, "", f"must be at least 1, got {changes[key]}")
     plan = dataclasses.replace(plan, **changes)
     cm = CostModel(cluster, model, training, constants=constants, samples=args.samples,
                    seed=args.seed)

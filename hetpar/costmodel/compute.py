@@ -69,10 +69,13 @@ class StageWork:
 def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int, first: bool,
                last: bool, recompute: str, flash: bool, perf: GpuPerf,
                c: CostConstants, fw: FrameworkConstants, *, sp: bool = False,
-               chunks: int = 1) -> StageWork:
+               chunks: int = 1, cp: int = 1) -> StageWork:
     """``sp``: sequence parallelism (the LayerNorm and dropout work split over the TP group
     too; its reduce-scatter and all-gather move what the all-reduce moved); ``chunks``:
-    virtual stages, each pass of a micro-batch through one paying the per-micro-batch cost."""
+    virtual stages, each pass of a micro-batch through one paying the per-micro-batch cost;
+    ``cp``: context parallelism, ``seqs`` then being this GPU's share of the micro-batch's
+    sequences over every GPU of its data- and context-parallel groups (its tokens: the
+    compute, activations and attention are those of that many whole sequences)."""
     tokens = seqs * seq_len
     h = model.hidden
     mm_flops = tokens * 2.0 * model.matmul_params_per_layer / tp
@@ -99,6 +102,16 @@ def stage_work(model: ModelSpec, seq_len: int, seqs: float, tp: int, layers: int
     act_bytes = tokens * h * 2.0
     tp_comm = layers * n_allreduce * ring_allreduce_time(act_bytes, tp, perf.intra_bw,
                                                          perf.intra_step_s)
+    if cp > 1:
+        # Ring attention (Megatron-core's p2p context parallelism): each GPU passes its
+        # keys and values around the group's ring, cp - 1 hops forward and again with their
+        # gradients backward (three transfers' worth), over the host's scale-up link,
+        # overlapped with the attention it computes meanwhile: only the excess is exposed.
+        kv_bytes = tokens * 2.0 * model.kv_dim * 2.0 / tp
+        hops = 3.0 * (cp - 1)
+        ring = hops * (kv_bytes / perf.intra_bw + perf.intra_step_s)
+        attention = 3.0 * attn_flops / perf.flops
+        tp_comm = tp_comm + layers * max(0.0, ring - attention)
     if first:
         emb = c.elementwise_traffic * tokens * h * 2.0 / perf.hbm
         fwd += emb

@@ -278,18 +278,18 @@ class CostModel:
 
     def stage_work(self, perf: GpuPerf, seqs: float, tp: int, layers: int, first: bool,
                    last: bool, recompute: str, sp: bool | None = None, chunks: int = 1,
-                   ) -> StageWork:
+                   cp: int = 1) -> StageWork:
         """Per micro-batch work of one replica (memoised; ``perf`` from ``host_perf``;
         ``sp`` None: as the training spec's searched plans)."""
         if sp is None:
             sp = self.sequence_parallel
         # perfs live as long as self
-        key = (id(perf), seqs, tp, layers, first, last, recompute, sp, chunks)
+        key = (id(perf), seqs, tp, layers, first, last, recompute, sp, chunks, cp)
         work = self._work_cache.get(key)
         if work is None:
             work = stage_work(self.model, self.seq_len, seqs, tp, layers, first, last, recompute,
                               self.training.flash_attention, perf, self.constants,
-                              self.framework, sp=sp, chunks=chunks)
+                              self.framework, sp=sp, chunks=chunks, cp=cp)
             self._work_cache[key] = work
         return work
 
@@ -448,12 +448,13 @@ class CostModel:
         index = self.cluster.host_index
         host_ids = tuple(tuple(index[r.host] for r in st.replicas) for st in plan.stages)
         key = (host_ids, tuple(st.tp for st in plan.stages), plan.micro_batches,
-               plan.recompute, plan.zero, plan.sequence_parallel, plan.virtual_stages)
+               plan.recompute, plan.zero, plan.sequence_parallel, plan.virtual_stages,
+               plan.context_parallel)
         hit = self._frames.get(key)
         if hit is None:
             hit = self._build_frame(host_ids, key[1], plan.micro_batches, plan.recompute,
                                     plan.zero, source, plan.sequence_parallel,
-                                    plan.virtual_stages)
+                                    plan.virtual_stages, plan.context_parallel)
             if len(self._frames) >= _FRAME_CACHE:
                 del self._frames[next(iter(self._frames))]  # the oldest
             self._frames[key] = hit
@@ -461,7 +462,7 @@ class CostModel:
 
     def _build_frame(self, host_ids: tuple[tuple[int, ...], ...], tps: tuple[int, ...], m: int,
                      recompute: str, zero: int, source: str, sp: bool = False,
-                     virtual: int = 1) -> PlanFrame:
+                     virtual: int = 1, cp: int = 1) -> PlanFrame:
         c = self.constants
         fw = self.framework
         model = self.model
@@ -574,7 +575,7 @@ class CostModel:
         chans = list(dict.fromkeys([*dp_coef, *dp_fixed]))
         return PlanFrame(
             stages=tuple(stages), micro_batches=m, recompute=recompute, zero=zero,
-            sequence_parallel=sp, virtual_stages=virtual, wrap=wrap,
+            sequence_parallel=sp, virtual_stages=virtual, wrap=wrap, context_parallel=cp,
             dp_volume=dp_volume if zero > 1 else 1.0,
             boundary=boundary, cycle_transfers=transfers, boundary_total=crossing,
             dp_inv_bw=self.inv_bw[:, chans],
@@ -590,7 +591,7 @@ class CostModel:
         """``core`` of the plan with ``frame``'s structure and these layers per stage."""
         c = self.constants
         recompute, zero = frame.recompute, frame.zero
-        sp, chunks = frame.sequence_parallel, frame.virtual_stages
+        sp, chunks, cp = frame.sequence_parallel, frame.virtual_stages, frame.context_parallel
         p = frame.num_stages
         works: list[StageWork] = []
         params_l: list[float] = []
@@ -604,7 +605,7 @@ class CostModel:
             slowest: StageWork | None = None
             for perf in sf.kinds:
                 work = self.stage_work(perf, sf.seqs, sf.tp, n, sf.first, sf.last, recompute,
-                                       sp, chunks)
+                                       sp, chunks, cp)
                 if slowest is None or work.total > slowest.total:
                     slowest = work
             assert slowest is not None
@@ -636,15 +637,17 @@ class CostModel:
         """``frame``'s per-stage terms for every layer count of each stage (the
         layer-dependent half of ``core_split``, tabulated for a batch of splits)."""
         rows = [self._stage_row(sf, frame.recompute, frame.zero, frame.sequence_parallel,
-                                frame.virtual_stages, frame.dp_volume) for sf in frame.stages]
+                                frame.virtual_stages, frame.dp_volume, frame.context_parallel)
+                for sf in frame.stages]
         return SplitTables(*(np.stack(col) for col in zip(*rows)))
 
     def _stage_row(self, sf: StageFrame, recompute: str, zero: int, sp: bool = False,
-                   chunks: int = 1, dp_volume: float = 1.0) -> tuple[np.ndarray, ...]:
+                   chunks: int = 1, dp_volume: float = 1.0, cp: int = 1,
+                   ) -> tuple[np.ndarray, ...]:
         """One stage's (work, params, fits, opt, intra) for 0..L layers (memoised: stages
         of the same kinds, shape and position recur across structures)."""
         key = (tuple(id(k) for k in sf.kinds), sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
-               sf.last, recompute, int(zero), sp, chunks, dp_volume, sf.usable_bytes, sf.hbm,
+               sf.last, recompute, int(zero), sp, chunks, dp_volume, cp, sf.usable_bytes, sf.hbm,
                sf.host_members, sf.intra_bw, sf.intra_step)
         hit = self._row_cache.get(key)
         if hit is not None:
@@ -656,7 +659,7 @@ class CostModel:
         # The slowest kind, as core_split picks it (stage_work is elementwise arithmetic).
         work = np.max([stage_work(self.model, self.seq_len, sf.seqs, sf.tp, n, sf.first,
                                   sf.last, recompute, self.training.flash_attention, perf,
-                                  c, self.framework, sp=sp, chunks=chunks).total
+                                  c, self.framework, sp=sp, chunks=chunks, cp=cp).total
                        for perf in sf.kinds], axis=0)
         work[0] = np.inf  # a stage holds at least one layer
         params = np.asarray(par, dtype=float)

@@ -62,6 +62,7 @@ class PlanFrame:
     virtual_stages: int = 1  # chunks per stage (interleaved 1F1B)
     wrap: np.ndarray | None = None  # (K,) last stage back to the first, when interleaved
     dp_volume: float = 1.0  # data-parallel bytes relative to one all-reduce (ZeRO-2/3)
+    context_parallel: int = 1  # GPUs (TP blocks) a sequence is split over
 
     @property
     def num_stages(self) -> int:

@@ -49,8 +49,14 @@ class _Context:
     training: TrainingSpec
 
     @property
+    def data_parallel(self) -> int:
+        """Data-parallel replicas: the launch's TP blocks per stage over the context
+        parallelism (Megatron-LM's rank order puts a group's blocks side by side)."""
+        return self.launch.dp // self.plan.context_parallel
+
+    @property
     def micro_batch_size(self) -> int:
-        return self.training.global_batch // (self.plan.micro_batches * self.launch.dp)
+        return self.training.global_batch // (self.plan.micro_batches * self.data_parallel)
 
     @property
     def seq_len(self) -> int:
@@ -64,7 +70,7 @@ def _context(plan: Plan, fmt: str, model: ModelSpec, training: TrainingSpec) -> 
         launch = launch_layout(plan, _RUNTIME_OF[fmt], sorted_gpus=fmt == "deepspeed")
     except PlanError as exc:
         raise PlanError(exc.source, exc.field, f"{fmt} export: {exc.problem}") from None
-    dp = launch.dp
+    dp = launch.dp // plan.context_parallel
     if training.global_batch % (plan.micro_batches * dp):
         raise PlanError("<plan>", "micro_batches", f"{fmt} export: global batch "
                         f"{training.global_batch} is not micro_batches x dp = "
@@ -84,6 +90,8 @@ def _megatron_args(ctx: _Context) -> list[str]:
     plan, model, training, launch = ctx.plan, ctx.model, ctx.training, ctx.launch
     args = ["--tensor-model-parallel-size", str(launch.tp),
             "--pipeline-model-parallel-size", str(launch.pp)]
+    if plan.context_parallel > 1:
+        args += ["--context-parallel-size", str(plan.context_parallel)]
     split = [s.layers for s in plan.stages]
     if launch.pp > 1 and len(set(split)) > 1:
         # Megatron-LM gives the first and last stage their own counts; the rest split
@@ -142,15 +150,20 @@ def _torchrun_lines(launch: Launch, script: str) -> list[str]:
     return lines
 
 
-def _ranks(launch: Launch) -> list[dict[str, Any]]:
+def _ranks(launch: Launch, cp: int = 1) -> list[dict[str, Any]]:
+    """Every rank's host, GPU and group ranks in Megatron-LM's order tp-cp-dp-pp (the
+    launch's ``dp`` counts TP blocks per stage: data-parallel times context-parallel)."""
     devices = launch.devices()
     out = []
     for rank, (host, gpu) in enumerate(devices):
         tp_rank = rank % launch.tp
-        dp_rank = (rank // launch.tp) % launch.dp
+        block = (rank // launch.tp) % launch.dp
         pp_rank = rank // (launch.tp * launch.dp)
-        out.append({"rank": rank, "host": host, "gpu": gpu, "stage": pp_rank,
-                    "dp_rank": dp_rank, "tp_rank": tp_rank})
+        row = {"rank": rank, "host": host, "gpu": gpu, "stage": pp_rank,
+               "dp_rank": block // cp, "tp_rank": tp_rank}
+        if cp > 1:
+            row["cp_rank"] = block % cp
+        out.append(row)
     return out
 
 
@@ -193,15 +206,19 @@ def export_plan(plan: Plan, fmt: str, folder: str | Path, model: ModelSpec,
     if problems:  # a bug of the layout, never the user's: fail loudly
         raise AssertionError(f"launch layout disagrees with the plan: {problems[0]}")
     launch = ctx.launch
-    ranks = json.dumps({"format": f"hetpar-{fmt}-ranks", "tp": launch.tp, "dp": launch.dp,
-                        "pp": launch.pp, "ranks": _ranks(launch)}, indent=1) + "\n"
+    cp = plan.context_parallel
+    ranks = json.dumps({"format": f"hetpar-{fmt}-ranks", "tp": launch.tp, "cp": cp,
+                        "dp": launch.dp // cp, "pp": launch.pp,
+                        "ranks": _ranks(launch, cp)}, indent=1) + "\n"
     what = (f"{cluster_name + ' / ' if cluster_name else ''}{model.name}: "
-            f"tp {launch.tp} x dp {launch.dp} x pp {launch.pp} on {launch.world_size} GPUs of "
+            f"tp {launch.tp} x {f'cp {cp} x ' if cp > 1 else ''}dp {launch.dp // cp} x "
+            f"pp {launch.pp} on {launch.world_size} GPUs of "
             f"{len(launch.hosts)} hosts, layers {'/'.join(str(s.layers) for s in plan.stages)}, "
             f"{plan.micro_batches} micro-batches of {ctx.micro_batch_size} sequences per "
             f"replica, recompute {plan.recompute}, ZeRO {plan.zero}"
             f"{', sequence parallel' if plan.sequence_parallel else ''}"
-            f"{f', {plan.virtual_stages} virtual stages' if plan.virtual_stages > 1 else ''}")
+            f"{f', {plan.virtual_stages} virtual stages' if plan.virtual_stages > 1 else ''}"
+            f"{f', context parallel {plan.context_parallel}' if plan.context_parallel > 1 else ''}")
     files: dict[str, str]
     if fmt == "megatron":
         args = _megatron_args(ctx)
@@ -243,7 +260,8 @@ def _renumbered(ctx: _Context) -> Plan:
     of ``--include``), as the launch runs it."""
     return plan_from_layout(ctx.launch, [s.layers for s in ctx.plan.stages],
                             ctx.plan.micro_batches, ctx.plan.recompute, ctx.plan.zero,
-                            ctx.plan.sequence_parallel, ctx.plan.virtual_stages)
+                            ctx.plan.sequence_parallel, ctx.plan.virtual_stages,
+                            ctx.plan.context_parallel)
 
 
 def _ds_include(launch: Launch) -> str:
@@ -318,10 +336,11 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
         # The launch lines place the ranks; the layer split and batch are the plan file's.
         ranks = json.loads((folder / "ranks.json").read_text())
         plan = Plan.load(folder / "plan.json")
-        return plan_from_layout(Launch(tuple(hosts), ranks["tp"], ranks["dp"], ranks["pp"]),
+        blocks = ranks["dp"] * ranks.get("cp", 1)
+        return plan_from_layout(Launch(tuple(hosts), ranks["tp"], blocks, ranks["pp"]),
                                 [s.layers for s in plan.stages], plan.micro_batches,
                                 plan.recompute, plan.zero, plan.sequence_parallel,
-                                plan.virtual_stages)
+                                plan.virtual_stages, plan.context_parallel)
     args = (folder / "megatron.args").read_text().split()
     tp = _arg(args, "--tensor-model-parallel-size", 1)
     pp = _arg(args, "--pipeline-model-parallel-size", 1)
@@ -341,8 +360,11 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
     zero = 1 if "--use-distributed-optimizer" in args else 0
     chunk = _arg(args, "--num-layers-per-virtual-pipeline-stage")
     virtual = layers_total // (pp * chunk) if chunk else 1
-    return plan_from_layout(Launch(tuple(hosts), tp, dp, pp), split, gbs // (mbs * dp),
-                            recompute, zero, "--sequence-parallel" in args, virtual)
+    cp = _arg(args, "--context-parallel-size", 1)
+    assert cp is not None
+    return plan_from_layout(Launch(tuple(hosts), tp, dp, pp), split,
+                            gbs // (mbs * (dp // cp)), recompute, zero,
+                            "--sequence-parallel" in args, virtual, cp)
 
 
 def _megatron_split(layers: int, pp: int, first: int | None, last: int | None) -> list[int]:

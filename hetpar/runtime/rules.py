@@ -26,7 +26,11 @@ DeepSpeed run a narrower set:
   builds no uneven first or last stage under interleaving (``get_num_layers_to_build``
   asserts it), so an interleaved plan needs an even split. DeepSpeed's pipeline engine has
   neither (its own "sequence parallelism", Ulysses, splits attention heads, not
-  Megatron's LayerNorm and dropout activations).
+  Megatron's LayerNorm and dropout activations);
+* context parallelism is Megatron-LM's (``--context-parallel-size``; its default order
+  ``tp-cp-ep-dp-pp`` puts a stage's context-parallel ranks next to each other, so a plan's
+  consecutive TP blocks are one group and the launch layout is the one without it);
+  DeepSpeed's pipeline engine has none.
 
 The rules are written twice over the same data: on the exact search's ``StageChoice``
 (host indices, checked node by node) and on a ``Plan`` (host names, for any plan a user
@@ -62,6 +66,7 @@ class Runtime:
     sequence_parallel: bool = True
     interleaving: bool = True
     single_stage_zero: tuple[int, ...] | None = None  # without a pipeline (None: as above)
+    context_parallel: bool = True
 
     def zero_for(self, stages: int) -> tuple[int, ...]:
         """The ZeRO stages it runs for a pipeline of this many stages."""
@@ -86,7 +91,7 @@ RUNTIMES: dict[str, Runtime] = {
                          "rank order, partition_method='uniform', ZeRO 0 or 1 (any without "
                          "a pipeline), no interleaving or sequence parallelism",
                          sequence_parallel=False, interleaving=False,
-                         single_stage_zero=(0, 1, 2, 3)),
+                         single_stage_zero=(0, 1, 2, 3), context_parallel=False),
 }
 
 
@@ -247,6 +252,9 @@ def check_plan(plan: Plan, runtime: str | Runtime) -> list[str]:
                    f"{' or '.join(map(str, rt.zero_stages))} with pipeline parallelism")
     if plan.sequence_parallel and not rt.sequence_parallel:
         why.append(f"sequence parallelism: {rt.name} has no Megatron-style sequence "
+                   f"parallelism")
+    if plan.context_parallel > 1 and not rt.context_parallel:
+        why.append(f"context parallelism: {rt.name} has no ring-attention context "
                    f"parallelism")
     if plan.virtual_stages > 1:
         if not rt.interleaving:

@@ -148,8 +148,9 @@ class _ThresholdTest:
     def __init__(self, bounds: Bounds, profs: list[StageProfile], icpt: list[float],
                  slope: list[float], m: int, rc: str, pool: Pool | None, floor: float,
                  last_hosts: frozenset[int] | None, e_hosts: frozenset[int] | None,
-                 room: float) -> None:
+                 room: float, share: float = 1.0) -> None:
         self.bounds = bounds
+        self.share = share  # of the stages' work the fill counts (Bounds.work_share)
         self.profs = profs
         self.icpt = icpt
         self.slope = slope
@@ -163,7 +164,7 @@ class _ThresholdTest:
 
     def fill(self, tau: float, need: float = math.inf) -> float:
         """The least work sum under ``tau``, at the bounds' share of the fill."""
-        share = self.bounds.work_share
+        share = self.share
         return share * self.bounds._fill(self.profs, self.icpt, self.slope, tau, self.m,
                                          self.rc, self.pool, self.floor, self.last_hosts,
                                          self.e_hosts, need / share)
@@ -209,6 +210,17 @@ class Bounds:
         grad_per_param = self.cm.constants.grad_bytes
         self.layer_grad = self.cm.model.params_per_layer * grad_per_param
         self.opt_bytes = self.cm.constants.optimizer_bytes_per_param
+
+    def closed_share(self, stages: int, m: int) -> float:
+        """``work_share`` for a pipeline known to have ``stages`` stages and ``m``
+        micro-batches: only a chunk count a split of it may take counts (2 stages or more,
+        micro-batches a multiple of the stage count, at most ``L / stages`` chunks: each
+        stage holds a multiple of them); 1 where none is left."""
+        if self.work_share == 1.0 or stages < 2 or m % stages:
+            return 1.0
+        most = max((v for v in self.space.virtual_options if v <= self.layers // stages),
+                   default=1)
+        return 1.0 / most
 
     def reduce(self, samples: np.ndarray) -> np.ndarray:
         """Per-sample figures -> one figure a bound may use for this objective."""
@@ -1228,10 +1240,13 @@ class Bounds:
         if closed:
             assert closing is not None  # the caller tests it first
             profs = profiles[:-1] + [closing]
-            fixed = base + self.work_share * (closing.b - profiles[-1].b)
+            share = self.closed_share(len(profs), m)
+            fixed = base + (share - self.work_share) * sum(p.b for p in profiles) + \
+                share * (closing.b - profiles[-1].b)
         else:
             profs = profiles
-            fixed = base + ex + self.work_share * last_fixed
+            share = self.work_share
+            fixed = base + ex + share * last_fixed
         room = target - fixed
         if room <= floor:
             return False  # the data-parallel phase alone leaves no room
@@ -1251,7 +1266,7 @@ class Bounds:
         if first is None:
             return False
         test = _ThresholdTest(self, profs, icpt, slope, m, rc, pool, floor, last_hosts,
-                              e_hosts, room)
+                              e_hosts, room, share)
         lo_j, hi_j = first - 1, self.GRID  # fill(lo_j) inf (or none), fill(hi_j) ?
         top = test.fill(grid[hi_j], room - grid[hi_j - 1])
         if not math.isfinite(top):

@@ -416,6 +416,28 @@ def test_heldout_rows_meet_their_targets_and_need_sequence_parallelism():
 
 # ---- the searched space with sequence parallelism -----------------------------------------
 
+def _exact_is_enumeration(seed: int, **changes):
+    """Exact and brute force on tiny instance ``seed`` with the training spec changed:
+    (cluster, model, training, objective, brute, exact), the two proven equal and exact's
+    plan valid."""
+    from hetpar.problem.problem import Problem
+    from hetpar.solvers import solve
+    from tests.test_solvers import tiny_instance
+    cluster, model, training, objective = tiny_instance(seed)
+    training = dataclasses.replace(training, **changes)
+
+    def problem():
+        return Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
+
+    brute = solve(problem(), method="brute")
+    exact = solve(problem(), method="exact")
+    assert exact.certificate.optimal
+    assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+    if exact.found:
+        validate_plan(exact.plan, cluster, model, training)
+    return cluster, model, training, objective, brute, exact
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_exact_over_sequence_parallel_plans_agrees_with_enumeration(seed):
     """A training spec with ``sequence_parallel: true``: every searched plan with a
@@ -424,22 +446,13 @@ def test_exact_over_sequence_parallel_plans_agrees_with_enumeration(seed):
     optimum; it is never worse than the space without it."""
     from hetpar.problem.problem import Problem
     from hetpar.solvers import solve
-    from tests.test_solvers import tiny_instance
-    cluster, model, training, objective = tiny_instance(seed)
-    with_sp = dataclasses.replace(training, sequence_parallel=True)
-
-    def problem(t):
-        return Problem.of(cluster, model, t, objective=objective, samples=4, seed=seed)
-
-    brute = solve(problem(with_sp), method="brute")
-    exact = solve(problem(with_sp), method="exact")
-    assert exact.certificate.optimal
-    assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+    cluster, model, with_sp, objective, _, exact = _exact_is_enumeration(
+        seed, sequence_parallel=True)
     if exact.found:
-        plan = exact.plan
-        assert plan.sequence_parallel == any(s.tp > 1 for s in plan.stages)
-        validate_plan(plan, cluster, model, with_sp)
-    without = solve(problem(training), method="exact")
+        assert exact.plan.sequence_parallel == any(s.tp > 1 for s in exact.plan.stages)
+    training = dataclasses.replace(with_sp, sequence_parallel=False)
+    without = solve(Problem.of(cluster, model, training, objective=objective, samples=4,
+                               seed=seed), method="exact")
     assert exact.value <= without.value * (1 + REL)
     assert not without.found or not without.plan.sequence_parallel
 
@@ -478,23 +491,10 @@ def test_exact_over_zero_stages_agrees_with_enumeration(seed):
     exact tries, per split, the first stage from ZeRO-1 up that fits (a higher one is never
     faster), bounds memory by the most sharded stage without its gathered layers, and
     still proves the same optimum."""
-    from hetpar.problem.problem import Problem
-    from hetpar.solvers import solve
-    from tests.test_solvers import tiny_instance
-    cluster, model, training, objective = tiny_instance(seed)
-    zeros = [[0, 1, 2, 3], [2, 3], [0, 3], [1, 2]][seed % 4]
-    training = dataclasses.replace(training, zero_stages=tuple(zeros))
-
-    def problem():
-        return Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
-
-    brute = solve(problem(), method="brute")
-    exact = solve(problem(), method="exact")
-    assert exact.certificate.optimal
-    assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+    zeros = [(0, 1, 2, 3), (2, 3), (0, 3), (1, 2)][seed % 4]
+    exact = _exact_is_enumeration(seed, zero_stages=zeros)[-1]
     if exact.found:
         assert exact.plan.zero in zeros
-        validate_plan(exact.plan, cluster, model, training)
 
 
 def test_sharding_beyond_zero_1_makes_a_model_fit_and_zero_1_wins_where_both_fit():
@@ -545,22 +545,12 @@ def test_exact_over_interleaved_plans_agrees_with_enumeration(seed):
     part interleaving shortens) and proves the same optimum."""
     from hetpar.problem.problem import Problem
     from hetpar.solvers import solve
-    from tests.test_solvers import tiny_instance
-    cluster, model, training, objective = tiny_instance(seed)
     virtual = [(1, 2), (1, 2, 4), (1, 3)][seed % 3]
-    zeros = training.zero_stages if seed % 2 else (0, 1, 3)
-    training = dataclasses.replace(training, virtual_stages=virtual, zero_stages=zeros)
-
-    def problem():
-        return Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
-
-    brute = solve(problem(), method="brute")
-    exact = solve(problem(), method="exact")
-    assert exact.certificate.optimal
-    assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+    zeros = None if seed % 2 else (0, 1, 3)
+    cluster, model, training, objective, brute, exact = _exact_is_enumeration(
+        seed, virtual_stages=virtual, **({"zero_stages": zeros} if zeros else {}))
     if exact.found:
         assert exact.plan.virtual_stages in virtual
-        validate_plan(exact.plan, cluster, model, training)
     if brute.found and brute.plan.virtual_stages > 1:
         plain = dataclasses.replace(training, virtual_stages=(1,))
         assert brute.value <= solve(Problem.of(cluster, model, plain, objective=objective,

@@ -163,20 +163,29 @@ def _best_runnable(problem: Problem, runtime: str) -> float:
     return best
 
 
+def _runtime_search_is_enumeration(problem: Problem, runtime: str):
+    """Exact over ``runtime``'s plans against enumeration (``_best_runnable``): refused
+    where no runnable plan exists (None), else proven, runnable and equal (the solution)."""
+    want = _best_runnable(problem, runtime)
+    if not math.isfinite(want):
+        with pytest.raises(InfeasibleError):
+            solve(problem, "exact", runtime=runtime)
+        return None
+    sol = solve(problem, "exact", runtime=runtime)
+    assert sol.certificate.optimal
+    assert check_plan(sol.plan, runtime) == []
+    assert sol.value == pytest.approx(want, rel=1e-9, abs=0.0)
+    return sol
+
+
 @pytest.mark.parametrize("seed", range(60))
 @pytest.mark.parametrize("runtime", ["megatron", "deepspeed"])
 def test_exact_over_a_runtime_agrees_with_enumeration(seed, runtime):
     cluster, model, training, objective = tiny_instance(seed)
     problem = Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
-    want = _best_runnable(problem, runtime)
-    if not math.isfinite(want):
-        with pytest.raises(InfeasibleError):
-            solve(problem, "exact", runtime=runtime)
+    sol = _runtime_search_is_enumeration(problem, runtime)
+    if sol is None:
         return
-    sol = solve(problem, "exact", runtime=runtime)
-    assert sol.certificate.optimal
-    assert check_plan(sol.plan, runtime) == []
-    assert sol.value == pytest.approx(want, rel=1e-9, abs=0.0)
     assert runtime in sol.to_dict()["runtimes"]
     assert sol.inputs["runtime"] == runtime
     # The runtime's optimum is never better than the whole space's.
@@ -192,15 +201,7 @@ def test_a_runtime_search_over_interleaving_and_zero_stages(seed, runtime):
     cluster, model, training, objective = tiny_instance(seed)
     training = dataclasses.replace(training, virtual_stages=(1, 2), zero_stages=(0, 1, 2, 3))
     problem = Problem.of(cluster, model, training, objective=objective, samples=4, seed=seed)
-    want = _best_runnable(problem, runtime)
-    if not math.isfinite(want):
-        with pytest.raises(InfeasibleError):
-            solve(problem, "exact", runtime=runtime)
-        return
-    sol = solve(problem, "exact", runtime=runtime)
-    assert sol.certificate.optimal
-    assert check_plan(sol.plan, runtime) == []
-    assert sol.value == pytest.approx(want, rel=1e-9, abs=0.0)
+    _runtime_search_is_enumeration(problem, runtime)
 
 
 def test_two_workers_search_the_runtimes_plans_too():

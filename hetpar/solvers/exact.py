@@ -433,6 +433,7 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
     a = [pr.a for pr in prof]
     # The stages' work enters the fill at the bounds' share (1/v for the most chunks the
     # space allows: Bounds.work_share); their cycles and all-reduces in full.
+    assert s.bounds is not None  # made in __post_init__
     share = s.bounds.closed_share(p, m)
     fixed0 = s.bounds.fixed + share * sum(pr.b for pr in prof)
     gam0 = [pr.b for pr in prof]

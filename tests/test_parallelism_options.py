@@ -691,3 +691,24 @@ def test_context_parallel_plans_export_for_megatron(tmp_path):
     assert (ranks["tp"], ranks["cp"], ranks["dp"], ranks["pp"]) == (2, 2, 2, 2)
     assert {r["cp_rank"] for r in ranks["ranks"]} == {0, 1}
     assert read_export(tmp_path / "t", "torchrun") == plan
+
+
+def test_plan_says_what_the_policy_does_not_choose(tmp_path, capsys):
+    """The environment's actions build plain 1F1B plans with ZeRO 0 or 1: with a spec that
+    allows more, `hetpar plan` says so in one line, and its refinement finds the
+    interleaved plan (the 8-host example above, 0.482 s)."""
+    (tmp_path / "c.yaml").write_text(
+        "name: c8\nhosts:\n  - {name: a, count: 8, gpu: A100-SXM4-40GB, gpus: 1, "
+        "nic_gbps: 400}\ntopology: {kind: single_switch}\n")
+    (tmp_path / "m.yaml").write_text("name: m\nlayers: 16\nhidden: 4096\nheads: 32\n"
+                                     "vocab: 32000\nseq_len: 2048\n")
+    (tmp_path / "t.yaml").write_text("global_batch: 8\nrecompute: [selective]\n"
+                                     "virtual_stages: [1, 2, 4]\nzero: [0, 1, 3]\n")
+    args = ["plan", "--cluster", tmp_path / "c.yaml", "--model", tmp_path / "m.yaml",
+            "--training", tmp_path / "t.yaml", "--out", tmp_path / "p.json"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    assert "the policy does not choose 2/4 chunks per stage or ZeRO 3" in " ".join(out.split())
+    assert Plan.load(tmp_path / "p.json").virtual_stages > 1
+    code, out, _ = run(capsys, *args, "--no-refine", "--no-improve")
+    assert code == 0 and "nothing tried them" in " ".join(out.split())

@@ -923,6 +923,18 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         _print_json(_json_doc(doc, args))
         return 0
     _render(console, problem, result)
+    beyond = [what for what, on in (
+        (f"{'/'.join(map(str, training.virtual_stages[1:]))} chunks per stage",
+         len(training.virtual_stages) > 1),
+        (f"ZeRO {'/'.join(str(z) for z in training.zero_stages if z > 1)}",
+         any(z > 1 for z in training.zero_stages))) if on]
+    if beyond:
+        # The environment's actions build plain 1F1B plans with ZeRO 0 or 1 (docs/env.md).
+        tried = ("the refinement after it tried them" if refine else
+                 "--no-refine: nothing tried them")
+        console.print(f"note: the policy does not choose {' or '.join(beyond)}, which the "
+                      f"training spec allows; {tried} (hetpar solve --method exact searches "
+                      f"them all)", highlight=False)
     if unrestricted is not None:
         console.print(f"[bold]runtime {args.runtime}[/]: {result.value:.4f} s against "
                       f"{unrestricted.value:.4f} s for the policy's plan over every plan of "

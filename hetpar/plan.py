@@ -4,7 +4,7 @@ A plan is a pipeline of stages; a stage holds ``layers`` transformer layers, run
 with ``tp``-way tensor parallelism and is replicated (data parallelism) over its
 ``replicas``, each replica being ``tp`` GPUs of one host.
 
-Format version 2 adds three whole-plan options (a version-1 file still reads, and a plan
+Format version 2 adds four whole-plan options (a version-1 file still reads, and a plan
 that uses none of them is written as version 1, so older readers keep reading it):
 
 * ``sequence_parallel``: Megatron-LM's sequence parallelism (Korthikanti et al., 2022):
@@ -194,6 +194,15 @@ class Plan:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(self.to_json() + "\n", encoding="utf-8")
         tmp.replace(path)
+
+    def option_words(self) -> list[str]:
+        """The version-2 options in use, in words (what reports and exports print)."""
+        words = ["sequence parallel"] if self.sequence_parallel else []
+        if self.virtual_stages > 1:
+            words.append(f"{self.virtual_stages} virtual stages (interleaved 1F1B)")
+        if self.context_parallel > 1:
+            words.append(f"context parallel {self.context_parallel}")
+        return words
 
     def describe(self) -> str:
         parts = []

@@ -28,9 +28,7 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
     console.print(f"[bold]model[/]    {model.summary()}")
     console.print(f"[bold]plan[/]     {plan.num_stages} stages, {plan.num_gpus} GPUs, "
                   f"{plan.micro_batches} micro-batches, recompute {plan.recompute}, "
-                  f"ZeRO-{plan.zero}"
-                  f"{', sequence parallel' if plan.sequence_parallel else ''}"
-                  f"{f', {plan.virtual_stages} virtual stages (interleaved 1F1B)' if plan.virtual_stages > 1 else ''}")
+                  f"ZeRO-{plan.zero}{''.join(', ' + w for w in plan.option_words())}")
     if est.uncalibrated:
         console.print(f"[yellow]uncalibrated[/] {', '.join(est.uncalibrated)}: no fitted "
                       f"efficiency of their own, so the default's (fitted on A100 runs) "

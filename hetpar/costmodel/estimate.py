@@ -25,7 +25,7 @@ from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import in_flight, stage_bytes
 from hetpar.costmodel.objective import Objective, cvar
 from hetpar.costmodel.frame import CoreTerms, PlanFrame, SplitTables, StageFrame
-from hetpar.costmodel.schedule import interleaved_transfers, one_f_one_b
+from hetpar.costmodel.schedule import interleaved_transfers, one_f_one_b, pipeline_total
 from hetpar.errors import ConfigError, PlanError
 from hetpar.plan import Plan, validate_plan
 from hetpar.workload.model import ModelSpec
@@ -510,9 +510,8 @@ class CostModel:
             n = len(hosts)
             if dp > 1 and n > 1:
                 # A ring over the hosts; each hop's channels carry 2(n-1)/n of the gradient.
-                per_param = 2.0 * (n - 1) / n * c.grad_bytes * tp
-                if zero > 1:
-                    per_param *= dp_volume
+                # (ZeRO-2/3 move dp_volume times as much: comm.sharded_dp_traffic.)
+                per_param = 2.0 * (n - 1) / n * c.grad_bytes * tp * dp_volume
                 hop_lat = 0.0
                 for a, b in zip(hosts, hosts[1:] + hosts[:1]):
                     for ch in routes[a][b]:
@@ -576,7 +575,7 @@ class CostModel:
         return PlanFrame(
             stages=tuple(stages), micro_batches=m, recompute=recompute, zero=zero,
             sequence_parallel=sp, virtual_stages=virtual, wrap=wrap, context_parallel=cp,
-            dp_volume=dp_volume if zero > 1 else 1.0,
+            dp_volume=dp_volume,
             boundary=boundary, cycle_transfers=transfers, boundary_total=crossing,
             dp_inv_bw=self.inv_bw[:, chans],
             dp_per_param=np.array([dp_coef.get(ch, [0.0] * p) for ch in chans]).reshape(
@@ -618,9 +617,7 @@ class CostModel:
             if sf.host_members > 1:
                 # Replicas sharing a host reduce over its scale-up link first.
                 dp_intra[i] = ring_allreduce_time(params * c.grad_bytes, sf.host_members,
-                                                  sf.intra_bw, sf.intra_step)
-                if zero > 1:
-                    dp_intra[i] *= frame.dp_volume
+                                                  sf.intra_bw, sf.intra_step) * frame.dp_volume
         stage_s = np.array([w.total for w in works])
         pipe, cycle = one_f_one_b(stage_s, frame.boundary, frame.micro_batches,
                                   (frame.cycle_transfers, frame.boundary_total), chunks)
@@ -668,9 +665,7 @@ class CostModel:
         intra = np.zeros(len(n))
         if sf.host_members > 1:
             intra = ring_allreduce_time(params * c.grad_bytes, sf.host_members, sf.intra_bw,
-                                        sf.intra_step)
-            if zero > 1:
-                intra = intra * dp_volume
+                                        sf.intra_step) * dp_volume
         out = self._row_cache[key] = (work, params, fits, opt, intra)
         for a in out:
             a.setflags(write=False)
@@ -690,13 +685,8 @@ class CostModel:
             cycle = (stage_s + frame.cycle_transfers[0]).max(axis=1)[:, None]
         else:
             cycle = (stage_s[:, None, :] + frame.cycle_transfers[None, :, :]).max(axis=2)
-        if frame.virtual_stages == 1:
-            total = (stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :]
-                     + (m - 1) * cycle)
-        else:
-            v = frame.virtual_stages
-            total = m * cycle + (stage_s.sum(axis=1)[:, None] + frame.boundary_total[None, :]
-                                 - cycle) / v
+        total = pipeline_total(stage_s.sum(axis=1)[:, None], frame.boundary_total[None, :],
+                               cycle, m, frame.virtual_stages)
         dp_time = tables.intra.take(flat).max(axis=1)[:, None]
         if frame.dp_fixed.size:
             params = tables.params.take(flat)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["cycle_transfers", "interleaved_transfers", "one_f_one_b"]
+__all__ = ["cycle_transfers", "interleaved_transfers", "one_f_one_b", "pipeline_total"]
 
 
 def cycle_transfers(boundary_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -55,6 +55,16 @@ def interleaved_transfers(boundary_s: np.ndarray, wrap_s: np.ndarray, virtual: i
     return transfers, virtual * crossing + (virtual - 1) * wrap_s
 
 
+def pipeline_total(work_sum: np.ndarray, crossing: np.ndarray, cycle: np.ndarray,
+                   micro_batches: int, virtual: int = 1) -> np.ndarray:
+    """The schedule's total from the stages' work sum, the transfers of one trip through
+    every chunk and the slowest cycle (arrays that broadcast): the module docstring's two
+    forms, the plain one exactly as written there."""
+    if virtual == 1:
+        return work_sum + crossing + (micro_batches - 1) * cycle
+    return micro_batches * cycle + (work_sum + crossing - cycle) / virtual
+
+
 def one_f_one_b(stage_s: np.ndarray, boundary_s: np.ndarray, micro_batches: int,
                 terms: tuple[np.ndarray, np.ndarray] | None = None, virtual: int = 1,
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -65,10 +75,8 @@ def one_f_one_b(stage_s: np.ndarray, boundary_s: np.ndarray, micro_batches: int,
     > 1 chunks per stage, its ``interleaved_transfers``), when already known.
     Returns ((k,) total seconds, (k,) slowest cycle).
     """
+    if terms is None and virtual > 1:
+        raise ValueError("an interleaved schedule needs its interleaved_transfers terms")
     transfers, crossing = terms if terms is not None else cycle_transfers(boundary_s)
     cycle = (stage_s + transfers).max(axis=1)
-    if virtual == 1:
-        total = stage_s.sum() + crossing + (micro_batches - 1) * cycle
-    else:
-        total = micro_batches * cycle + (stage_s.sum() + crossing - cycle) / virtual
-    return total, cycle
+    return pipeline_total(stage_s.sum(), crossing, cycle, micro_batches, virtual), cycle

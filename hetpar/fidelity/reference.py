@@ -72,22 +72,31 @@ def _dgx_a100(num_hosts: int) -> Cluster:
     return parse_cluster(spec, source=f"<dgx-a100-{num_hosts}>")
 
 
+def _dgx_gpt_row(row: dict[str, str], recompute: str,
+                 ) -> tuple[ModelSpec, TrainingSpec, Cluster]:
+    """A published GPT run on DGX A100 hosts (the SC21 and Korthikanti tables share the
+    columns): its model, its fp16 Megatron-LM training with one recompute mode, and its
+    cluster."""
+    heads = int(row["heads"])
+    model = ModelSpec(name=f"gpt-{row['params_B']}B", layers=int(row["layers"]),
+                      hidden=int(row["hidden"]), heads=heads, kv_heads=heads,
+                      ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
+                      seq_len=int(row["seq_len"]))
+    training = TrainingSpec(global_batch=int(row["global_batch"]), precision="fp16",
+                            recompute_modes=(recompute,), zero_stages=(0,),
+                            framework="megatron-lm")
+    return model, training, _dgx_a100(int(row["num_gpus"]) // int(row["gpus_per_host"]))
+
+
 def megatron_runs() -> list[Run]:
     path = reference_dir() / "megatron_sc21_table1.csv"
     runs = []
     with path.open(newline="") as fh:
         for row in csv.DictReader(fh):
-            layers, hidden = int(row["layers"]), int(row["hidden"])
-            model = ModelSpec(name=f"gpt-{row['params_B']}B", layers=layers, hidden=hidden,
-                              heads=int(row["heads"]), kv_heads=int(row["heads"]),
-                              ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
-                              seq_len=int(row["seq_len"]))
+            model, training, cluster = _dgx_gpt_row(row, "full")
+            layers = model.layers
             tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
-            batch = int(row["global_batch"])
-            training = TrainingSpec(global_batch=batch, precision="fp16",
-                                    recompute_modes=("full",), zero_stages=(0,),
-                                    framework="megatron-lm")
-            cluster = _dgx_a100(int(row["num_gpus"]) // int(row["gpus_per_host"]))
+            batch = training.global_batch
             per_replica = batch // dp
             plans = tuple(
                 rank_placement_plan(cluster, tp, dp, [layers // pp] * pp, batch // (mbs * dp),
@@ -105,18 +114,10 @@ def korthikanti_runs() -> list[Run]:
     runs = []
     with path.open(newline="") as fh:
         for row in csv.DictReader(fh):
-            layers, heads = int(row["layers"]), int(row["heads"])
-            model = ModelSpec(name=f"gpt-{row['params_B']}B", layers=layers,
-                              hidden=int(row["hidden"]), heads=heads, kv_heads=heads,
-                              ffn_hidden=int(row["ffn_hidden"]), vocab=int(row["vocab"]),
-                              seq_len=int(row["seq_len"]))
-            tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
-            batch, mbs = int(row["global_batch"]), int(row["micro_batch"])
             recompute = row["recompute"]
-            training = TrainingSpec(global_batch=batch, precision="fp16",
-                                    recompute_modes=(recompute,), zero_stages=(0,),
-                                    framework="megatron-lm")
-            cluster = _dgx_a100(int(row["num_gpus"]) // int(row["gpus_per_host"]))
+            model, training, cluster = _dgx_gpt_row(row, recompute)
+            layers, batch, mbs = model.layers, training.global_batch, int(row["micro_batch"])
+            tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
             plan = rank_placement_plan(cluster, tp, dp, [layers // pp] * pp,
                                        batch // (mbs * dp), recompute)
             plan = replace(plan, sequence_parallel=row["sequence_parallel"] == "true")

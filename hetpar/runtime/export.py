@@ -70,12 +70,13 @@ def _context(plan: Plan, fmt: str, model: ModelSpec, training: TrainingSpec) -> 
         launch = launch_layout(plan, _RUNTIME_OF[fmt], sorted_gpus=fmt == "deepspeed")
     except PlanError as exc:
         raise PlanError(exc.source, exc.field, f"{fmt} export: {exc.problem}") from None
-    dp = launch.dp // plan.context_parallel
+    ctx = _Context(plan, launch, model, training)
+    dp = ctx.data_parallel
     if training.global_batch % (plan.micro_batches * dp):
         raise PlanError("<plan>", "micro_batches", f"{fmt} export: global batch "
                         f"{training.global_batch} is not micro_batches x dp = "
                         f"{plan.micro_batches} x {dp} times a whole micro-batch size")
-    return _Context(plan, launch, model, training)
+    return ctx
 
 
 # ---- Megatron-LM ---------------------------------------------------------------------------
@@ -208,17 +209,15 @@ def export_plan(plan: Plan, fmt: str, folder: str | Path, model: ModelSpec,
     launch = ctx.launch
     cp = plan.context_parallel
     ranks = json.dumps({"format": f"hetpar-{fmt}-ranks", "tp": launch.tp, "cp": cp,
-                        "dp": launch.dp // cp, "pp": launch.pp,
+                        "dp": ctx.data_parallel, "pp": launch.pp,
                         "ranks": _ranks(launch, cp)}, indent=1) + "\n"
     what = (f"{cluster_name + ' / ' if cluster_name else ''}{model.name}: "
-            f"tp {launch.tp} x {f'cp {cp} x ' if cp > 1 else ''}dp {launch.dp // cp} x "
+            f"tp {launch.tp} x {f'cp {cp} x ' if cp > 1 else ''}dp {ctx.data_parallel} x "
             f"pp {launch.pp} on {launch.world_size} GPUs of "
             f"{len(launch.hosts)} hosts, layers {'/'.join(str(s.layers) for s in plan.stages)}, "
             f"{plan.micro_batches} micro-batches of {ctx.micro_batch_size} sequences per "
             f"replica, recompute {plan.recompute}, ZeRO {plan.zero}"
-            f"{', sequence parallel' if plan.sequence_parallel else ''}"
-            f"{f', {plan.virtual_stages} virtual stages' if plan.virtual_stages > 1 else ''}"
-            f"{f', context parallel {plan.context_parallel}' if plan.context_parallel > 1 else ''}")
+            f"{''.join(', ' + w for w in plan.option_words())}")
     files: dict[str, str]
     if fmt == "megatron":
         args = _megatron_args(ctx)

@@ -64,7 +64,7 @@ class Runtime:
     zero_stages: tuple[int, ...]
     description: str
     sequence_parallel: bool = True
-    interleaving: bool = True
+    interleaving: str = "any"  # the splits it interleaves: "any", "even" or "none"
     single_stage_zero: tuple[int, ...] | None = None  # without a pipeline (None: as above)
     context_parallel: bool = True
 
@@ -73,6 +73,12 @@ class Runtime:
         if stages == 1 and self.single_stage_zero is not None:
             return self.single_stage_zero
         return self.zero_stages
+
+    def interleaves(self, split: tuple[int, ...]) -> bool:
+        """Whether it runs this layer split with an interleaved schedule at all (the chunk
+        count must also divide every stage's layers: ``validate_plan``)."""
+        return self.interleaving == "any" or (self.interleaving == "even"
+                                              and len(set(split)) == 1)
 
     @property
     def unrestricted(self) -> bool:
@@ -85,12 +91,12 @@ RUNTIMES: dict[str, Runtime] = {
                    "Metis-style runtimes)"),
     "megatron": Runtime("megatron", True, True, "ends", (0, 1),
                         "Megatron-LM: one TP and DP degree, tp-dp-pp rank order, even layers "
-                        "but the first and last stage"),
+                        "but the first and last stage", interleaving="even"),
     "deepspeed": Runtime("deepspeed", True, True, "uniform", (0, 1),
                          "DeepSpeed pipeline engine: one TP and DP degree, pipe-data-model "
                          "rank order, partition_method='uniform', ZeRO 0 or 1 (any without "
                          "a pipeline), no interleaving or sequence parallelism",
-                         sequence_parallel=False, interleaving=False,
+                         sequence_parallel=False, interleaving="none",
                          single_stage_zero=(0, 1, 2, 3), context_parallel=False),
 }
 
@@ -256,11 +262,11 @@ def check_plan(plan: Plan, runtime: str | Runtime) -> list[str]:
     if plan.context_parallel > 1 and not rt.context_parallel:
         why.append(f"context parallelism: {rt.name} has no ring-attention context "
                    f"parallelism")
-    if plan.virtual_stages > 1:
-        if not rt.interleaving:
+    if plan.virtual_stages > 1 and not rt.interleaves(split):
+        if rt.interleaving == "none":
             why.append(f"{plan.virtual_stages} virtual stages: {rt.name} has no interleaved "
                        f"schedule")
-        elif len(set(split)) > 1:
+        else:
             why.append(f"{plan.virtual_stages} virtual stages with layer split "
                        f"{'/'.join(map(str, split))}: {rt.name} interleaves even splits only")
     return why

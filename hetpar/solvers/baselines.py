@@ -267,13 +267,10 @@ def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int
                             break
                         before = search.best_plan
                         sp = training.sequence_parallel and any(s.tp > 1 for s in stages)
-                        # Interleaving where the spec allows it and Megatron-LM can: an even
-                        # split whose stages each divide into the chunks.
-                        even = len(set(split)) == 1
+                        # Interleaving where the spec allows it and the runtime runs it.
                         for v in space.virtual_allowed(split, m):
-                            if v > 1 and (not even or not get_runtime(runtime).interleaving):
-                                continue
-                            search.score(Plan(tuple(stages), m, rc, z, sp, v))
+                            if v == 1 or get_runtime(runtime).interleaves(tuple(split)):
+                                search.score(Plan(tuple(stages), m, rc, z, sp, v))
                         if search.best_plan is not before:
                             best = {"tp": tp, "pp": pp, "dp": dp, "idle_gpus": n - tp * pp * dp}
     return search.solution("megatron", start, {

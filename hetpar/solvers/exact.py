@@ -151,10 +151,22 @@ class Searcher:
                 f"{', '.join(map(str, p.space.zero_stages))}")
         self.zero = self.zeros[0]  # the structure's frame is built for the first
         # Without a pipeline a runtime may run more stages (DeepSpeed: ZeRO 0-3).
-        self.zeros_single = zero_options(p.space.zero_stages, self.runtime.zero_for(1))
+        self._zeros_single = zero_options(p.space.zero_stages, self.runtime.zero_for(1))
         if self.bounds is None:
             self.bounds = make_bounds(p)
         self.layers = p.cm.model.layers
+
+    def zeros_for(self, stages: int) -> tuple[int, ...]:
+        """The ZeRO stages a pipeline of this many stages tries (``zero_options``)."""
+        return self.zeros if stages > 1 else self._zeros_single
+
+    def chunk_counts(self, stages: int, m: int) -> tuple[int, ...]:
+        """The chunk counts above 1 a closed pipeline may interleave with: the space's
+        (``PlanSpace.virtual_allowed`` less the split's divisibility), where the runtime
+        interleaves at all; each split still needs ``runtime.interleaves``."""
+        if stages < 2 or m % stages or self.runtime.interleaving == "none":
+            return ()
+        return tuple(v for v in self.problem.space.virtual_options if v > 1)
 
     # ---- shared state --------------------------------------------------------------
     def target(self) -> float:
@@ -409,10 +421,12 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
         s.counters.leaves += 1
         value = objective.score(core.total, core.feasible)
         best_opts = (s.zero, 1)
-        for v in space.virtual_allowed(split, m):
+        zeros = s.zeros_for(p)
+        chunks = [v for v in s.chunk_counts(p, m)
+                  if all(n % v == 0 for n in split) and s.runtime.interleaves(split)]
+        for v in (1, *chunks):
             at_z = value if v == 1 else math.inf
             zero = s.zero if v == 1 else -1
-            zeros = s.zeros if p > 1 else s.zeros_single
             for z in zeros if v > 1 else [z for z in zeros if z != s.zero]:
                 if math.isfinite(at_z) and zero >= 1:
                     break  # a higher ZeRO stage is never faster (comm.sharded_dp_traffic)
@@ -654,18 +668,16 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
     zero = np.full(len(splits), s.zero)
     virtual = np.ones(len(splits), dtype=np.intp)
     p = len(stages)
-    for v in space.virtual_options:
-        if v > 1 and (p < 2 or m % p or not s.runtime.interleaving):
-            break
+    zeros = s.zeros_for(p)
+    for v in (1, *s.chunk_counts(p, m)):
         ok = (splits % v == 0).all(axis=1)
-        if v > 1 and not s.runtime.unrestricted:
-            ok &= (splits == splits[:, :1]).all(axis=1)  # Megatron-LM: even splits only
+        if v > 1 and s.runtime.interleaving == "even":  # Runtime.interleaves, row by row
+            ok &= (splits == splits[:, :1]).all(axis=1)
         rows = np.arange(len(splits)) if v == 1 else np.flatnonzero(ok)
         if not len(rows):
             continue
         at = values[rows] if v == 1 else np.full(len(rows), np.inf)
         at_zero = zero[rows] if v == 1 else np.full(len(rows), -1)
-        zeros = s.zeros if p > 1 else s.zeros_single
         for z in zeros if v > 1 else [z for z in zeros if z != s.zero]:
             redo = np.flatnonzero(~np.isfinite(at) | (at_zero < 1))
             if not len(redo):

@@ -52,6 +52,17 @@ _KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision"
                    "virtual_stages"})
 
 
+def _int_list(r: Reader, key: str, default: list[int], allowed: range, what: str,
+              ) -> list[int]:
+    """A list of integers from ``allowed`` (a single one accepted), or one error line."""
+    raw = r.raw(key, default)
+    values = [raw] if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    if not isinstance(values, list) or not values or any(
+            not isinstance(v, int) or isinstance(v, bool) or v not in allowed for v in values):
+        raise r.error(key, f"expected {what}, got {values!r}")
+    return values
+
+
 def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
     r = Reader.of(data, source)
     r.check_keys(_KEYS)
@@ -61,19 +72,12 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
     if not isinstance(modes, list) or not modes or any(m not in RECOMPUTE_MODES for m in modes):
         raise r.error("recompute", f"expected a list drawn from {', '.join(RECOMPUTE_MODES)}, "
                                    f"got {r.raw('recompute')!r}")
-    zero = r.raw("zero", [0, 1])
-    zero = [zero] if isinstance(zero, int) and not isinstance(zero, bool) else zero
-    if not isinstance(zero, list) or not zero or any(z not in (0, 1, 2, 3) or isinstance(z, bool)
-                                                     for z in zero):
-        raise r.error("zero", f"expected a list drawn from 0 (off), 1 (ZeRO-1: optimizer "
-                              f"states sharded), 2 (and gradients) and 3 (and weights, as "
-                              f"FSDP), got {zero!r}")
-    virtual = r.raw("virtual_stages", [1])
-    virtual = [virtual] if isinstance(virtual, int) and not isinstance(virtual, bool) else virtual
-    if not isinstance(virtual, list) or not virtual or any(
-            not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 64 for v in virtual):
-        raise r.error("virtual_stages", f"expected a list of chunk counts per stage (1 to 64) "
-                                        f"for the interleaved schedule, got {virtual!r}")
+    zero = _int_list(r, "zero", [0, 1], range(4),
+                     "a list drawn from 0 (off), 1 (ZeRO-1: optimizer states sharded), 2 (and "
+                     "gradients) and 3 (and weights, as FSDP)")
+    virtual = _int_list(r, "virtual_stages", [1], range(1, 65),
+                        "a list of chunk counts per stage (1 to 64) for the interleaved "
+                        "schedule")
     seq_len = r.int("seq_len", None, minimum=1, maximum=MAX_SEQ_LEN)
     return TrainingSpec(
         global_batch=r.int("global_batch", minimum=1, maximum=MAX_GLOBAL_BATCH,
@@ -84,7 +88,7 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
         zero_stages=tuple(sorted(set(zero))),
         flash_attention=r.bool("flash_attention", False),
         sequence_parallel=r.bool("sequence_parallel", False),
-        virtual_stages=tuple(sorted({1, *virtual})),
+        virtual_stages=tuple(virtual),
         framework=r.str("framework", "megatron-lm"),
         name=r.str("name", Path(source).stem if source != "<dict>" else "training"),
     )

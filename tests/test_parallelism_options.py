@@ -712,3 +712,16 @@ def test_plan_says_what_the_policy_does_not_choose(tmp_path, capsys):
     assert Plan.load(tmp_path / "p.json").virtual_stages > 1
     code, out, _ = run(capsys, *args, "--no-refine", "--no-improve")
     assert code == 0 and "nothing tried them" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("zero: [0, 5]", "zero: expected a list drawn from 0"),
+    ("virtual_stages: [0, 2]", "virtual_stages: expected a list of chunk counts"),
+    ("sequence_parallel: maybe", "sequence_parallel"),
+])
+def test_a_bad_training_option_is_one_line(tmp_path, capsys, line, problem):
+    bad = tmp_path / "t.yaml"
+    bad.write_text(f"global_batch: 16\n{line}\n")
+    code, _, err = run(capsys, "estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium",
+                       "--training", bad, "--plan", "configs/plans/amp-het-16-gpt2.json")
+    assert_one_line_error(code, err, problem)

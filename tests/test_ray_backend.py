@@ -22,18 +22,14 @@ ray = pytest.importorskip("ray")
 from hetpar.solvers.ray_executor import RayExecutor  # noqa: E402
 
 
-def _start_ray() -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=200 * 2**20)
-
-
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     """A local Ray of two CPUs for this module; its workers inherit the fault switch."""
     flag = tmp_path_factory.mktemp("fault") / "died"
     os.environ["HETPAR_RAY_FAULT"] = f"die-once:{flag}"
     flag.touch()  # armed per test by removing it
-    _start_ray()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=200 * 2**20)
     yield flag
     ray.shutdown()
     os.environ.pop("HETPAR_RAY_FAULT", None)
@@ -55,14 +51,7 @@ def test_ray_on_a_bundled_cluster_and_a_worker_that_dies(local_ray):
                          hetpar.load_training(), samples=4)
     local = solve(problem, "exact", workers=2)
     local_ray.unlink()  # the next task kills its worker; Ray retries it elsewhere
-    try:
-        remote = solve(problem, "exact", workers=2, executor=RayExecutor(2))
-    finally:
-        # A fresh local Ray for the tests after this one: after the killed worker this
-        # session's driver once left a later test's tasks unscheduled (in 2 of 4 full runs
-        # on the 2-core machine, always a test that came after this one in the module).
-        ray.shutdown()
-        _start_ray()
+    remote = solve(problem, "exact", workers=2, executor=RayExecutor(2))
     assert local_ray.exists(), "no worker died: the fault was not injected"
     assert remote.certificate.optimal
     assert remote.value == pytest.approx(local.value, rel=1e-12)

@@ -60,6 +60,8 @@ def main() -> None:
     n = 0
     exact = {"workers": args.workers, "time_limit": args.time_limit}
     for cluster in list_bundled("clusters"):
+        if cluster == "mixed-2048":  # replica-slice scale: benchmarks/xl_plans.py
+            continue
         for model in args.models.split(","):
             problem = Problem.of(hetpar.load_cluster(cluster), hetpar.load_model(model),
                                  hetpar.load_training(None), samples=args.samples, seed=0)

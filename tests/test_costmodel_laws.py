@@ -586,7 +586,9 @@ def test_a_cost_model_keeps_a_bounded_number_of_frames(monkeypatch):
 def test_scoring_a_batch_of_splits_equals_scoring_each(inst, k):
     """``score_splits`` (every split of a structure in one vectorised pass, what the exact
     layer-split search uses on small pipelines) gives each split what ``core_split``
-    gives it, memory verdict included."""
+    gives it, memory verdict included. To the last bits only: the all-reduce loads are a
+    matrix product here and a matrix-vector product there, which BLAS may round apart by
+    an ulp (a drawn 2-stage instance did)."""
     cluster, model, training, plan = inst
     cm = cost_model(cluster, model, training, samples=k, seed=2)
     frame = cm.frame(plan)
@@ -596,7 +598,7 @@ def test_scoring_a_batch_of_splits_equals_scoring_each(inst, k):
     totals, fits = cm.score_splits(frame, cm.split_tables(frame), splits)
     for row, total, fit in zip(splits, totals, fits):
         core = cm.core_split(frame, [int(n) for n in row])
-        np.testing.assert_array_equal(total, core.total)
+        np.testing.assert_allclose(total, core.total, rtol=1e-13, atol=0)
         assert fit == core.feasible
 
 

@@ -166,10 +166,17 @@ def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, pol
     assert_one_line_error(code, err, "--beam")
 
 
-def test_plan_cluster_larger_than_max_hosts_is_one_line(capsys, policy2):
+def test_plan_cluster_larger_than_max_hosts_is_planned_in_slices(capsys, policy2, tmp_path):
+    # cloud-mixed's 8 hosts are more than the policy's 2: it plans a replica slice.
+    code, out, err = run(capsys, "plan", "--policy", policy2, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--no-improve")
+    assert code == 0, err
+    assert "replica slices: 8 hosts are more than the policy observes" in out
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("global_batch: 1\n")
     code, _, err = run(capsys, "plan", "--policy", policy2, "--cluster", "cloud-mixed",
-                       "--model", "gpt2-medium")
-    assert_one_line_error(code, err, str(policy2), "8 hosts", "max_hosts=2")
+                       "--model", "gpt2-medium", "--training", odd)
+    assert_one_line_error(code, err, "cloud-mixed", "replica slices of at most 2 hosts")
 
 
 @pytest.mark.parametrize("kind", ["missing", "corrupt", "not-a-policy"])

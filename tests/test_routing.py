@@ -80,7 +80,9 @@ def assert_same_as_reference(cluster: hetpar.Cluster) -> None:
     assert cluster.route_latency == tuple(tuple(r) for r in latency.tolist())
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (bundled_dir() / "clusters").glob("*.yaml")))
+# mixed-2048's 4M pairs would take minutes; leaf-spine-96 below covers its generated fabric.
+@pytest.mark.parametrize("name", sorted(p.stem for p in (bundled_dir() / "clusters").glob("*.yaml")
+                                        if p.stem != "mixed-2048"))
 def test_bundled_clusters_route_as_dijkstra_from_every_host(name):
     assert_same_as_reference(hetpar.load_cluster(name))
 

@@ -370,9 +370,13 @@ def evaluate(suite: Any, n: int, methods: Sequence[str] = METHODS, *, bundle: An
     k = int(samples if samples is not None else defaults.get("samples", POLICY_SAMPLES))
     instances = suite.instances(n)
     if any(m in POLICY_METHODS for m in methods):
-        from hetpar.agents.planner import check_hosts
+        from hetpar.agents.io import check_compatible
         for inst in instances:  # refuse before hours of exact search, not after
-            check_hosts(bundle, inst, f"{suite.name} instance {inst.name}")
+            # More hosts than the policy observes are planned as replica slices: only a
+            # model of more layers than it handles is refused.
+            check_compatible(bundle, min(inst.num_hosts, bundle.max_hosts),
+                             source=f"{suite.name} instance {inst.name}",
+                             model_layers=inst.model.layers)
 
     result = Evaluation(suite.name, n, methods, obj.name, k, seed, time_limit,
                         policy=str(bundle.path) if bundle is not None else "",

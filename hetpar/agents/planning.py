@@ -22,6 +22,9 @@ Methods (``METHODS``):
   beam search, ``policy-greedy`` the refined rollout without the structure search and
   ``policy-raw`` the rollout alone. Options (``beam``, ``refine``, ``refine_steps``,
   ``improve_evaluations``, ``cache``, ``incumbent``, ``budget_s``, ...) override them.
+  On a cluster of more hosts than the policy observes (its ``max_hosts``) the policy
+  plans replica slices (``hetpar.agents.sliced``; option ``slice_sizes``, the most hosts
+  of each slice tried).
 
 Every method scores its plan by the same ``Problem`` (objective parsed once, bandwidth
 draws of its seed), so their values compare exactly, and every ``Solution`` names the
@@ -57,7 +60,8 @@ POLICY_START_SHARE = 0.25
 _LOCAL_SEARCH_OPTIONS = frozenset({"max_evaluations", "neighbour_steps", "time_limit"})
 _POLICY_OPTIONS = frozenset({"beam", "refine", "refine_steps", "refine_time",
                              "refine_candidates", "improve_evaluations", "threads", "source",
-                             "cache", "incumbent", "budget_s", "speculate", "instance"})
+                             "cache", "incumbent", "budget_s", "speculate", "instance",
+                             "slice_sizes"})
 
 
 def policy_presets() -> dict[str, dict[str, Any]]:
@@ -217,4 +221,12 @@ def _policy(problem: Problem, method: str, policy: Any, options: dict[str, Any])
     from hetpar.agents import planner
 
     settings = {**policy_presets()[method], **options}
-    return planner.plan_with_policy(_bundle(policy), problem, method=method, **settings)
+    bundle = _bundle(policy)
+    sizes = settings.pop("slice_sizes", None)
+    if len(problem.cluster.hosts) > bundle.max_hosts:
+        # More hosts than the policy observes: it plans replica slices (agents/sliced.py).
+        from hetpar.agents.sliced import SLICE_SIZES, plan_on_slices
+
+        return plan_on_slices(bundle, problem, method=method,
+                              sizes=tuple(sizes or SLICE_SIZES), **settings)
+    return planner.plan_with_policy(bundle, problem, method=method, **settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +20,30 @@ __all__ = ["render_estimate", "render_solution", "render_calibration", "render_v
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f}"
+
+
+# Rows of the memory table beyond which hosts alike in all but their name share a row.
+_MANY_ROWS = 32
+
+
+def host_list(names: Sequence[str], spell_out: int = 8) -> str:
+    """Host names comma-separated; past ``spell_out`` of them, runs of one prefix with
+    consecutive numbers as ``first..last`` and the count (``h100-0..h100-767 (768
+    hosts)``), as thousands of hosts in a stage would otherwise fill the screen."""
+    if len(names) <= spell_out:
+        return ",".join(names)
+    runs: list[list[str]] = []
+    last: tuple[str, int] | None = None
+    for name in names:
+        stem, _, num = name.rpartition("-")
+        here = (stem, int(num)) if stem and num.isdigit() else None
+        if here is not None and last is not None and here == (last[0], last[1] + 1) and runs:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+        last = here
+    text = ",".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
+    return f"{text} ({len(names):,} hosts)"
 
 
 def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: ModelSpec,
@@ -40,7 +65,7 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
         layout.add_column(col, justify="right" if col in ("stage", "layers", "tp", "dp") else "left")
     for s in est.stages:
         layout.add_row(str(s.index), str(s.layers), str(s.tp), str(s.dp), "/".join(s.gpu_types),
-                       ",".join(s.hosts))
+                       host_list(s.hosts))
     console.print(layout)
 
     t = Table(title="Per stage and micro-batch, slowest replica (ms)", title_justify="left")
@@ -72,12 +97,17 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
     grouped: dict[tuple, list] = defaultdict(list)
     for r in est.memory:
         grouped[(r.stage, r.host, r.gpu_type, round(r.used_bytes), round(r.usable_bytes))].append(r)
-    for (stage, host, gtype, _, _), reps in grouped.items():
-        gpus = sorted(g for r in reps for g in r.gpus)
-        r0 = reps[0]
+    rows: dict[tuple, list] = defaultdict(list)  # hosts alike in all but name, when many
+    for (stage, host, gtype, used, usable), reps in grouped.items():
+        gpus = ",".join(map(str, sorted(g for r in reps for g in r.gpus)))
+        key = ((stage, gtype, used, usable, gpus) if len(grouped) > _MANY_ROWS else
+               (stage, host, gtype, used, usable, gpus))
+        rows[key].append((host, reps[0]))
+    for key, held in rows.items():
+        r0 = held[0][1]
         head = r0.headroom_bytes / GIB
-        m.add_row(str(stage), host, ",".join(map(str, gpus)), gtype, f"{r0.used_bytes / GIB:.2f}",
-                  f"{r0.usable_bytes / GIB:.2f}",
+        m.add_row(str(key[0]), host_list([h for h, _ in held]), key[-1], r0.gpu_type,
+                  f"{r0.used_bytes / GIB:.2f}", f"{r0.usable_bytes / GIB:.2f}",
                   f"[red]{head:.2f}[/]" if head < 0 else f"{head:.2f}")
     console.print(m)
 
@@ -217,10 +247,24 @@ def _render_policy(console: Console, sol: Solution) -> None:
                   f"[bold]{t['inference'] * 1e3:.1f} ms[/] of inference "
                   f"({t['forward'] * 1e3:.1f} ms forward passes), "
                   f"{t['setup'] * 1e3:.1f} ms setup; {d['policy']}", highlight=False)
+    sl = d.get("slices")
+    if sl:
+        tried = ", ".join(f"{t['slice_hosts']} x {t['width']} hosts: {t['value_s']:.4f} s"
+                          for t in sl["tried"])
+        console.print(f"[bold]replica slices[/]: {sl['hosts']:,} hosts are more than the policy "
+                      f"observes; it planned a slice of {sl['slice_hosts']} hosts, each standing "
+                      f"for {sl['width']} alike hosts (global batch {sl['global_batch']} per "
+                      f"slice), and the plan runs it {sl['width']} times over by data "
+                      f"parallelism: {sl['slice_value_s']:.4f} s on the slice, "
+                      f"{sol.value:.4f} s on the cluster; {sl['idle_hosts']:,} hosts in no slice "
+                      f"(slices tried: {tried}; figures below are the kept slice's)",
+                      highlight=False)
     if sol.method == "policy-raw":
         return
     raw = d["raw_value"]
-    refined = d["improved_from"] if d["improved_from"] is not None else sol.value
+    # On replica slices the rollout's, refinement's and search's figures are the slice's.
+    final = sl["slice_value_s"] if sl else sol.value
+    refined = d["improved_from"] if d["improved_from"] is not None else final
     change = (f"{raw:.4f} s -> {refined:.4f} s ({refined / raw - 1:+.1%})"
               if refined < raw else "no better split found")
     of = "the best structures'" if d["beam"] > 1 else "the rollout's"
@@ -230,7 +274,7 @@ def _render_policy(console: Console, sol: Solution) -> None:
                   highlight=False)
     if d["improve_evaluations"]:
         start = d["improved_from"]
-        change = (f"{start:.4f} s -> {sol.value:.4f} s ({sol.value / start - 1:+.1%}, "
+        change = (f"{start:.4f} s -> {final:.4f} s ({final / start - 1:+.1%}, "
                   f"{d['improve_moves']} edits)" if d["improve_moves"]
                   else "no better structure found")
         console.print(f"[bold]structure search[/] ({d['improve_evaluations']} completions "

@@ -83,6 +83,32 @@ class Cluster:
     graph: nx.Graph = field(default_factory=nx.Graph, repr=False)
     router: Routes | None = field(default=None, repr=False)
 
+    @classmethod
+    def of(cls, name: str, hosts: Sequence[Host], switches: Sequence[str],
+           links: Sequence[Link], *, source: str = "", description: str = "") -> Cluster:
+        """A cluster of these hosts, switches and links (hosts' uplinks among them), with
+        its graph and routes. ConfigError naming ``source`` when two links join the same
+        nodes or a host is unreachable."""
+        names = [h.name for h in hosts]
+        all_links = tuple(links)
+        graph = nx.Graph()
+        graph.add_nodes_from(names, kind="host")
+        graph.add_nodes_from(switches, kind="switch")
+        for idx, link in enumerate(all_links):
+            if graph.has_edge(link.a, link.b):
+                raise ConfigError(source, "links", f"two links join {link.a!r} and {link.b!r}")
+            # A small per-hop term makes equal-latency paths prefer fewer hops.
+            graph.add_edge(link.a, link.b, index=idx, weight=link.latency_s + HOP_WEIGHT_S)
+        component = nx.node_connected_component(graph, names[0])
+        for i, h in enumerate(hosts):
+            if h.name not in component:
+                raise ConfigError(source, f"hosts[{i}]",
+                                  f"host {h.name!r} is unreachable from host {names[0]!r}")
+        return cls(name=name, hosts=tuple(hosts), switches=tuple(switches), links=all_links,
+                   source=source, description=description,
+                   host_index={n: i for i, n in enumerate(names)}, graph=graph,
+                   router=Routes(names, all_links, graph))
+
     def _routes(self) -> Routes:
         if self.router is None:  # a Cluster built by hand, without parse_cluster
             object.__setattr__(self, "router", Routes([h.name for h in self.hosts],
@@ -354,34 +380,8 @@ def parse_cluster(data: Any, source: str = "<dict>", base_dir: Path | None = Non
         if h.switch not in nodes:
             raise ConfigError(source, f"host {h.name}", f"switch {h.switch!r} is not declared")
 
-    all_links = tuple(uplinks + links)
-    graph = nx.Graph()
-    graph.add_nodes_from(names, kind="host")
-    graph.add_nodes_from(switches, kind="switch")
-    for idx, link in enumerate(all_links):
-        if graph.has_edge(link.a, link.b):
-            raise ConfigError(source, "links", f"two links join {link.a!r} and {link.b!r}")
-        # A small per-hop term makes equal-latency paths prefer fewer hops.
-        graph.add_edge(link.a, link.b, index=idx, weight=link.latency_s + HOP_WEIGHT_S)
-
-    component = nx.node_connected_component(graph, names[0])
-    for i, h in enumerate(hosts):
-        if h.name not in component:
-            raise ConfigError(source, f"hosts[{i}]",
-                              f"host {h.name!r} is unreachable from host {names[0]!r}")
-
-    index = {name: i for i, name in enumerate(names)}
-    return Cluster(
-        name=root.str("name", Path(source).stem),
-        hosts=tuple(hosts),
-        switches=tuple(switches),
-        links=all_links,
-        source=source,
-        description=root.str("description", ""),
-        host_index=index,
-        graph=graph,
-        router=Routes(names, all_links, graph),
-    )
+    return Cluster.of(root.str("name", Path(source).stem), hosts, switches, uplinks + links,
+                      source=source, description=root.str("description", ""))
 
 
 def load_cluster(path_or_name: str | Path, gpu_catalogs: Iterable[str | Path] = ()) -> Cluster:

@@ -137,6 +137,17 @@ def test_expanded_plans_are_the_slice_plan_run_width_times():
     assert math.isfinite(problem.value(plan))
 
 
+def test_hosts_of_assorted_nics_are_sliced_by_gpu_type():
+    doc = _cluster(a=64, v=0)
+    doc["hosts"] = [{"name": f"a{i}", "gpu": "A100-SXM4-80GB", "gpus": 8,
+                     "nic_gbps": 100 + i} for i in range(64)]  # 64 kinds of host
+    problem = _problem(doc)
+    sl = slice_problem(problem, 8)
+    assert sl.width == 8 and len(sl.members) == 8
+    validate_plan(sl.expand(solve(sl.problem, "metis").plan), problem.cluster, problem.model,
+                  problem.training)
+
+
 def test_a_batch_too_small_to_share_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="global batch 8"):
         slice_problem(_problem(_cluster(), batch=8), 4)

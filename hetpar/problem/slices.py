@@ -6,7 +6,8 @@ turns a cluster of hundreds or thousands of hosts into the cluster of one such c
 
 - hosts are sorted into classes (GPU type and count, scale-up fabric, NIC and *zone*: the
   part of the network joined by links at least as fast as the NICs on them, so a site
-  behind a WAN link is a zone of its own and so is a whole leaf-spine fabric);
+  behind a WAN link is a zone of its own and so is a whole leaf-spine fabric); where
+  those classes admit no width, hosts of one GPU type and count per zone, NICs mixed;
 - for a width ``g`` that divides the global batch, each class of ``n`` hosts gives
   ``n // g`` *slice hosts*, each standing for ``g`` of its hosts (the remainder stays
   idle); the width is the one that leaves the fewest hosts idle with at most
@@ -128,6 +129,18 @@ def _fair_share(cluster: Cluster, zone: dict[str, int]) -> dict[str, float]:
     return {s: out[s] / on[s] if s in out and on[s] else math.inf for s in zone}
 
 
+def _classes(cluster: Cluster, zone: dict[str, int], coarse: bool) -> dict[tuple, list[Host]]:
+    """Hosts by zone, GPU type and count, and (unless ``coarse``) scale-up fabric and NIC,
+    in the cluster's order."""
+    out: dict[tuple, list[Host]] = {}
+    for h in cluster.hosts:
+        key = (zone[h.switch], h.gpu.name, h.num_gpus) if coarse else (
+            zone[h.switch], h.gpu.name, h.num_gpus, h.intra_kind, h.intra_GBps,
+            h.intra_latency_s, h.nic_gbps)
+        out.setdefault(key, []).append(h)
+    return out
+
+
 def slice_problem(problem: Problem, max_hosts: int, width: int | None = None) -> Slicing:
     """The slice of ``problem`` with at most ``max_hosts`` slice hosts (see the module
     docstring), at ``width`` hosts per slice host if given, else the width that leaves the
@@ -136,28 +149,31 @@ def slice_problem(problem: Problem, max_hosts: int, width: int | None = None) ->
     zone = zones(cluster)
     share = _fair_share(cluster, zone)
     uplink = _uplinks(cluster)
-    classes: dict[tuple, list[Host]] = {}
-    for h in cluster.hosts:
-        key = (zone[h.switch], h.gpu.name, h.num_gpus, h.intra_kind, h.intra_GBps,
-               h.intra_latency_s, h.nic_gbps)
-        classes.setdefault(key, []).append(h)
-    counts = [len(v) for v in classes.values()]
-    if width is None:
+    # Alike hosts first; where those classes are too many or too small (hosts of one GPU
+    # type with assorted NICs), hosts of one GPU type and count per zone.
+    for coarse in (False, True):
+        classes = _classes(cluster, zone, coarse)
+        counts = [len(v) for v in classes.values()]
         widths = slice_widths(counts, batch, max_hosts)
-        if not widths:
-            need = next((g for g in range(1, max(counts) + 1)
-                         if 0 < sum(c // g for c in counts) <= max_hosts), None)
-            why = (f"each slice host must stand for {need} or more alike hosts, and no such "
-                   f"number divides the global batch {batch} (give a larger batch)"
-                   if need is not None else "no class of alike hosts is large enough")
-            raise ConfigError(cluster.source or cluster.name, "hosts",
-                              f"{len(cluster.hosts):,} hosts in {len(counts)} classes cannot be "
-                              f"cut into replica slices of at most {max_hosts} hosts: {why}")
-        width = widths[0]
-    elif width < 1 or batch % width or not 0 < sum(c // width for c in counts) <= max_hosts:
-        raise ConfigError(cluster.source or cluster.name, "width",
-                          f"{width} hosts per slice host gives no slice of 1 to {max_hosts} "
-                          f"hosts whose batch divides {batch}")
+        if width is not None:
+            if width in widths:
+                break
+        elif widths:
+            width = widths[0]
+            break
+    else:
+        if width is not None:
+            raise ConfigError(cluster.source or cluster.name, "width",
+                              f"{width} hosts per slice host gives no slice of 1 to {max_hosts} "
+                              f"hosts whose batch divides {batch}")
+        need = next((g for g in range(1, max(counts) + 1)
+                     if 0 < sum(c // g for c in counts) <= max_hosts), None)
+        why = (f"each slice host must stand for {need} or more alike hosts, and no such "
+               f"number divides the global batch {batch} (give a larger batch)"
+               if need is not None else f"its {len(counts)} kinds of host are too many")
+        raise ConfigError(cluster.source or cluster.name, "hosts",
+                          f"{len(cluster.hosts):,} hosts cannot be cut into replica slices of "
+                          f"at most {max_hosts} hosts: {why}")
     heads = [s for s in cluster.switches if s in zone]
     core = {k: next(s for s in heads if zone[s] == k) for k in set(zone.values())}
     hosts: list[Host] = []

@@ -3,7 +3,7 @@ side by side on the held-out suites.
 
     python benchmarks/policy_gaps.py [--policies shipped,runs/x/final_policy.zip]
         [--suites test-iid,test-larger,test-unseen-gpus,test-geo,test-hard] [--n 20]
-        [--json FILE]
+        [--beam W] [--json FILE]
 
 For each of the first N instances of each suite (objective mean, 16 bandwidth states,
 seed 0: the reference files' problem) and each policy: the rollout alone
@@ -16,7 +16,10 @@ suite and policy it prints the median, p90 and worst gap of each and the median 
 the refined planner. ``shipped`` names the shipped policy. Gaps are deterministic (no
 time limit is involved); times are this machine's. ``clone`` names the bundled clone
 that the shipped policy's PPO started from, so ``--policies shipped,clone`` measures
-PPO's effect.
+PPO's effect; ``untrained`` is the shipped network with fresh weights (the ablation of
+what the training is worth). ``--beam W`` decodes with a beam of W over the policy's
+log-probabilities instead of the single most likely rollout, raw and refined alike
+(``hetpar plan --no-improve --beam W``: the best W structures are refined).
 """
 
 from __future__ import annotations
@@ -68,10 +71,19 @@ def main() -> int:
     ap.add_argument("--policies", default="shipped")
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--beam", type=int, default=1)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     names = [p.strip() for p in a.policies.split(",") if p.strip()]
-    bundles = {n: load_policy(n) for n in names}
+
+    def bundle(name: str) -> Any:
+        if name == "untrained":
+            from search_starts import untrained
+
+            return untrained(load_policy(None))
+        return load_policy(name)
+
+    bundles = {n: bundle(n) for n in names}
     rows: list[dict[str, Any]] = []
     for sname in a.suites.split(","):
         suite = load_suite(sname)
@@ -82,9 +94,11 @@ def main() -> int:
             metis = solve(problem, "metis")
             got = {}
             for n, b in bundles.items():
-                raw = planning.plan(problem, "policy-raw", policy=b, instance=inst)
+                raw = planning.plan(problem, "policy-raw", policy=b, instance=inst,
+                                    beam=a.beam)
                 t0 = time.perf_counter()
-                ref = planning.plan(problem, "policy-greedy", policy=b, instance=inst)
+                ref = planning.plan(problem, "policy-greedy", policy=b, instance=inst,
+                                    beam=a.beam)
                 got[n] = (raw.value, ref.value, time.perf_counter() - t0)
             if i in refs:
                 best, mark = min(refs[i], *(g[1] for g in got.values())), ""

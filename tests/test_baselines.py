@@ -252,3 +252,16 @@ def test_metis_scores_each_candidate_once_and_builds_one_report(mean):
     assert calls["evaluate"] == 1
     assert calls["core"] == sol.evaluations  # the report's own core call included
     assert calls["repeat"] <= 1  # the winner's report repeats its scoring, nothing else
+
+
+@pytest.mark.parametrize("method", [metis, megatron])
+def test_a_deadline_stops_a_baseline_as_its_budget_does(amp, mean, method):
+    import time
+
+    cm, space = amp
+    full = method(cm, space, mean)
+    cut = method(cm, space, mean, deadline=time.time())  # already passed
+    assert cut.evaluations < full.evaluations
+    assert cut.details["budget_exhausted"]
+    late = method(cm, space, mean, deadline=time.time() + 3600)
+    assert (late.value, late.evaluations) == (full.value, full.evaluations)

@@ -245,9 +245,14 @@ def test_the_policy_start_is_skipped_on_clusters_the_policy_does_not_handle(monk
     from hetpar.agents.io import load_policy
 
     bundle = load_policy(None)
+    # Three kinds of host, one of each, for a policy observing two: no replica slice.
     monkeypatch.setitem(bundle.meta, "max_hosts", 2)
     sol = planning.plan(_two_v100_problem(), "exact", policy=bundle)
-    assert sol.found and "max_hosts" in sol.details["policy_start"]
+    assert sol.found and "cannot be cut into replica slices" in sol.details["policy_start"]
+    monkeypatch.setitem(bundle.meta, "max_hosts", 32)
+    monkeypatch.setitem(bundle.meta["env_kwargs"], "max_layers", 2)
+    sol = planning.plan(_two_v100_problem(), "exact", policy=bundle)
+    assert sol.found and "max_layers" in sol.details["policy_start"]
 
 
 def test_the_shipped_policys_plan_seeds_exact():

@@ -224,3 +224,13 @@ def test_hetpar_evaluate_plans_test_xl_in_slices(shipped, capsys, tmp_path):
     assert code == 0, err
     rows = json.loads((tmp_path / "results.json").read_text())
     assert "policy-raw" in json.dumps(rows) and "| policy-raw | 1/1 |" in out
+
+
+def test_exact_starts_from_the_policys_slice_plan(shipped):
+    from hetpar.agents import planning
+
+    problem = _problem(_cluster())  # 64 hosts
+    sol = planning.plan(problem, "exact", policy=shipped, time_limit=3.0)
+    assert "policy_start" not in sol.details
+    starts = sol.details["starts"]
+    assert [s["found_by"] for s in starts] == ["policy"] and sol.value <= starts[0]["value_s"]

@@ -138,33 +138,36 @@ def _exact(problem: Problem, policy: Any, *, policy_start: bool = True, starts: 
 def _policy_start(problem: Problem, policy: Any,
                   time_limit: float | None) -> tuple[Solution | None, str]:
     """The ``policy`` method's plan of ``problem`` as a start for the exact search, or
-    None and why not: torch is not installed, the shipped policy is not, the cluster or
-    model is larger than the policy handles, or it found no plan. A policy the caller
-    names must load (its ConfigError stands)."""
+    None and why not: torch is not installed, the shipped policy is not, the model is
+    larger than the policy handles, a cluster larger than it observes cannot be cut into
+    replica slices, or it found no plan. A policy the caller names must load (its
+    ConfigError stands)."""
     if not _has_torch():
         return None, "skipped: torch is not installed (the rl extra)"
-    from hetpar.agents import planner
     from hetpar.agents.io import default_policy_path
     from hetpar.errors import InfeasibleError
 
     if policy is None and not default_policy_path().exists():
         return None, "skipped: no policy is installed"
+    from hetpar.agents.io import check_compatible
+
     bundle = _bundle(policy)
-    inst = planner.instance_of(problem.cluster, problem.model, problem.training,
-                               name=problem.name or None)
+    hosts = len(problem.cluster.hosts)
     try:
-        planner.check_hosts(bundle, inst)
+        # More hosts than the policy observes are planned as replica slices (``_policy``).
+        check_compatible(bundle, min(hosts, bundle.max_hosts), model_layers=problem.model.layers,
+                         source=problem.name or problem.cluster.name)
     except ConfigError as exc:
         return None, f"skipped: {exc.problem}"
-    settings: dict[str, Any] = dict(policy_presets()["policy"])
+    settings: dict[str, Any] = {}
     if time_limit is not None:
         # Planning is bounded, loading is not (once per process, seconds with torch's
         # import): a share counted from after the load plans even under short limits.
         settings["budget_s"] = POLICY_START_SHARE * time_limit
     try:
-        return planner.plan_with_policy(bundle, problem, method="policy", **settings), ""
-    except InfeasibleError as exc:
-        return None, f"skipped: {exc}"
+        return _policy(problem, "policy", bundle, settings), ""
+    except (InfeasibleError, ConfigError) as exc:  # ConfigError: no replica slice fits
+        return None, f"skipped: {exc.problem if isinstance(exc, ConfigError) else exc}"
 
 
 def _local_search(problem: Problem, *, max_evaluations: int | None = None,

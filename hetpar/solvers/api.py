@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -226,15 +227,17 @@ def _best_seed(seeds: Iterable[_Seed]) -> _Seed:
 
 
 def _baseline_seeds(cm: CostModel, space: PlanSpace, obj: Objective,
-                    timings: dict[str, float], runtime: str = "any") -> list[_Seed]:
+                    timings: dict[str, float], runtime: str = "any",
+                    deadline: float = math.inf) -> list[_Seed]:
     """The Metis-style and Megatron-style plans as seeds, each part's seconds in
-    ``timings``. Megatron's may lie outside the space: a stage may mix GPU types."""
+    ``timings``, each stopped at ``deadline`` with its best plan so far. Megatron's may
+    lie outside the space: a stage may mix GPU types."""
     from hetpar.solvers import baselines
 
     out: list[_Seed] = []
     for name in _BASELINES:
         t0 = time.perf_counter()
-        sol = getattr(baselines, name)(cm, space, obj,
+        sol = getattr(baselines, name)(cm, space, obj, deadline=deadline,
                                        **({"runtime": runtime} if name == "megatron" else {}))
         timings[name] = time.perf_counter() - t0
         usable = sol.found and (runtime == "any" or not check_plan(sol.plan, runtime))
@@ -260,6 +263,10 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   node_limit: int | None = None) -> Solution:
     start = time.perf_counter()
     deadline = time.time() + time_limit if time_limit else math.inf
+    # The baselines' seeds get the limit, or the bound's grace where that is longer (a
+    # limit of a fraction of a second still answers no worse than them on small clusters).
+    seeds_until = (max(deadline, time.time() + report_grace(time_limit)) if time_limit
+                   else math.inf)
     if not certify:
         return _deadline_search(cm, space, obj, time_limit, starts, timings, runtime,
                                 node_limit)
@@ -278,7 +285,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
     seed_value, seed_plan, seed_source = _best_seed(starts)
     if workers == 1:
         seed_value, seed_plan, seed_source = _best_seed(
-            [*_baseline_seeds(cm, space, obj, timings, runtime),
+            [*_baseline_seeds(cm, space, obj, timings, runtime, seeds_until),
              (seed_value, seed_plan, seed_source)])
         t0 = time.perf_counter()
         dive_value, dive_plan = dive(SearchProblem(cm, space, obj, deadline, seed_value,
@@ -287,7 +294,7 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         timings["dive"] = time.perf_counter() - t0
         if dive_plan is not None and dive_value < seed_value:
             seed_value, seed_plan, seed_source = dive_value, dive_plan, "dive"
-    problem = SearchProblem(cm, space, obj, deadline, seed_value, runtime)
+    problem = SearchProblem(cm, space, obj, deadline, seed_value, runtime, seeds_until)
     # One task per first stage, also with several workers: each worker builds its own
     # bound tables, and subtrees below one first stage share most of them (tasks below
     # the first two stages made two workers build the same tables twice over).
@@ -403,10 +410,13 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
         # The baselines' plans are part of the answer whatever the executor did with their
         # tasks (e.g. cancelled at the deadline before a worker took them).
         ran = {tasks[i].seed for i in results}
+        # Run now, past the deadline, they stop where the workers' would have.
+        late = dataclasses.replace(problem, seeds_until=max(
+            problem.seeds_until, time.time() + 0.5 * report_grace(time_limit)))
         for task in seed_tasks:
             if task.seed in _BASELINES and task.seed not in ran:
                 tasks.append(task)
-                on_result(len(tasks) - 1, search_subtree(problem, task, LocalIncumbent()))
+                on_result(len(tasks) - 1, search_subtree(late, task, LocalIncumbent()))
     # Subtrees never taken: the rest of a listed first level, or of a lazy one (then
     # unknown, and bounded by the root bound alone).
     untaken = listed[sum(1 for t in tasks if not t.seed):] if not lazy else []

@@ -110,10 +110,12 @@ _RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
 class _Search:
     """Scores candidates, counts cost-model calls and keeps the best plan that fits."""
 
-    def __init__(self, cm: CostModel, objective: Objective, budget: int | None) -> None:
+    def __init__(self, cm: CostModel, objective: Objective, budget: int | None,
+                 deadline: float = math.inf) -> None:
         self.cm = cm
         self.objective = objective
         self.budget = budget
+        self.deadline = deadline  # time.time() past which no more candidates are scored
         self.evaluations = 0
         self.feasible = 0
         self.best_plan: Plan | None = None
@@ -121,7 +123,8 @@ class _Search:
 
     @property
     def exhausted(self) -> bool:
-        return self.budget is not None and self.evaluations >= self.budget
+        return ((self.budget is not None and self.evaluations >= self.budget)
+                or (self.deadline < math.inf and time.time() > self.deadline))
 
     def _record(self, plan: Plan, times: np.ndarray, fits: bool) -> float:
         value = self.objective.score(times, fits)
@@ -215,16 +218,19 @@ def _ends_split(total: int, parts: int) -> list[int]:
 
 # ---- megatron ------------------------------------------------------------------------------
 def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 0,
-             budget: int = 100_000, runtime: str = "any") -> Solution:
+             budget: int = 100_000, runtime: str = "any",
+             deadline: float = math.inf) -> Solution:
     """Best uniform TP x PP x DP layout over GPUs ranked in host order (module docstring).
 
     ``seed`` is unused (the grid is deterministic); ``budget`` caps cost-model calls.
     ``runtime="megatron"``: layer splits Megatron-LM can express (the remainder of an
     uneven split on the first and last stage, not spread over the first stages), so that
-    every layout is one it runs (the host order makes the ranks contiguous already)."""
+    every layout is one it runs (the host order makes the ranks contiguous already).
+    ``deadline`` (a ``time.time()``): stop there with the best plan so far, as the budget
+    does (an exact search seeded by it keeps its time limit on thousands of hosts)."""
     del seed
     start = time.perf_counter()
-    search = _Search(cm, objective, budget)
+    search = _Search(cm, objective, budget, deadline)
     cluster, training = space.cluster, space.training
     layers = space.model.layers
     hosts = [h for h in range(len(cluster.hosts)) if _runs_precision(space, h)]
@@ -412,15 +418,16 @@ def _rebalance(search: _Search, space: PlanSpace, stages: Sequence[StageChoice],
 
 def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 0,
           budget: int = 50_000, max_stages: int = 16, patience: int = 4,
-          balance: float = 1.0) -> Solution:
+          balance: float = 1.0, deadline: float = math.inf) -> Solution:
     """Metis-style heterogeneity-aware heuristic (steps in the module docstring).
 
     ``seed`` is unused (the heuristic is deterministic); ``budget`` caps cost-model calls;
     ``max_stages`` bounds the pipeline depth; once a plan fits, the search stops after
-    ``patience`` consecutive stage counts that do not improve it."""
+    ``patience`` consecutive stage counts that do not improve it. ``deadline`` (a
+    ``time.time()``) ends it as the budget does."""
     del seed
     start = time.perf_counter()
-    search = _Search(cm, objective, budget)
+    search = _Search(cm, objective, budget, deadline)
     training = space.training
     nlayers = space.model.layers
     types = _usable_types(space)

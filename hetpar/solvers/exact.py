@@ -80,6 +80,10 @@ class SearchProblem:
     # The framework the plans must run on (hetpar.runtime.rules): the search visits only
     # its plans; the bounds, which hold over the whole space, hold over them too.
     runtime: str = "any"
+    # time.time() after which the baselines' seed tasks stop with their best plan so far:
+    # the deadline, or the bound's grace after the start where that is later, so that
+    # they finish wherever they take a second or two and the answer is never worse.
+    seeds_until: float = math.inf
 
 
 class Incumbent(Protocol):
@@ -1139,7 +1143,7 @@ def _run_seed(problem: SearchProblem, task: Task, incumbent: Incumbent,
     if task.seed in ("metis", "megatron"):
         from hetpar.solvers import baselines
         sol = getattr(baselines, task.seed)(
-            problem.cm, problem.space, problem.objective,
+            problem.cm, problem.space, problem.objective, deadline=problem.seeds_until,
             **({"runtime": problem.runtime} if task.seed == "megatron" else {}))
         if sol.found and not check_plan(sol.plan, problem.runtime):
             value, plan = sol.value, sol.plan

@@ -144,13 +144,11 @@ def _policy_start(problem: Problem, policy: Any,
     ConfigError stands)."""
     if not _has_torch():
         return None, "skipped: torch is not installed (the rl extra)"
-    from hetpar.agents.io import default_policy_path
+    from hetpar.agents.io import check_compatible, default_policy_path
     from hetpar.errors import InfeasibleError
 
     if policy is None and not default_policy_path().exists():
         return None, "skipped: no policy is installed"
-    from hetpar.agents.io import check_compatible
-
     bundle = _bundle(policy)
     hosts = len(problem.cluster.hosts)
     try:

@@ -33,8 +33,8 @@ _WHOLE_ONLY = ("instance", "cache", "incumbent")
 
 def slicings(problem: Problem, max_hosts: int,
              sizes: tuple[int, ...] = SLICE_SIZES) -> list[Slicing]:
-    """The distinct slicings of ``problem`` of at most each of ``sizes`` hosts (those
-    over ``max_hosts`` left out; ``max_hosts`` itself when none is under it)."""
+    """The distinct slicings of ``problem`` of at most each of ``sizes`` hosts (a size
+    over ``max_hosts`` stands for ``max_hosts``); a size no width allows is left out."""
     out: list[Slicing] = []
     for size in sorted({min(s, max_hosts) for s in sizes}):
         try:
@@ -66,7 +66,7 @@ def plan_on_slices(bundle: Any, problem: Problem, *, method: str,
     best: tuple[float, Slicing, Solution, Any] | None = None
     timings: dict[str, float] = {}
     evaluations = 0
-    reasons = []
+    reasons: list[str] = []
     for sl in cuts:
         left = None if budget is None else budget - (time.perf_counter() - called)
         if left is not None and left <= 0 and best is not None:

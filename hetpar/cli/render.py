@@ -100,13 +100,13 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
     rows: dict[tuple, list] = defaultdict(list)  # hosts alike in all but name, when many
     for (stage, host, gtype, used, usable), reps in grouped.items():
         gpus = ",".join(map(str, sorted(g for r in reps for g in r.gpus)))
-        key = ((stage, gtype, used, usable, gpus) if len(grouped) > _MANY_ROWS else
-               (stage, host, gtype, used, usable, gpus))
-        rows[key].append((host, reps[0]))
-    for key, held in rows.items():
+        alike: tuple = ((stage, gtype, used, usable, gpus) if len(grouped) > _MANY_ROWS
+                        else (stage, host, gtype, used, usable, gpus))
+        rows[alike].append((host, reps[0]))
+    for alike, held in rows.items():
         r0 = held[0][1]
         head = r0.headroom_bytes / GIB
-        m.add_row(str(key[0]), host_list([h for h, _ in held]), key[-1], r0.gpu_type,
+        m.add_row(str(alike[0]), host_list([h for h, _ in held]), alike[-1], r0.gpu_type,
                   f"{r0.used_bytes / GIB:.2f}", f"{r0.usable_bytes / GIB:.2f}",
                   f"[red]{head:.2f}[/]" if head < 0 else f"{head:.2f}")
     console.print(m)

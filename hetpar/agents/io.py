@@ -643,12 +643,13 @@ def convert_legacy_policy(src: str | Path, dst: str | Path, *, optimizer: bool =
     return save_policy(bundle.model, dst, meta, optimizer=optimizer)
 
 
-def check_compatible(bundle: PolicyBundle, max_hosts_needed: int, *, source: str = "",
+def check_compatible(bundle: PolicyBundle, max_hosts_needed: int | None, *, source: str = "",
                      model_layers: int | None = None) -> None:
     """Raise ``ConfigError`` when a cluster (``source``, e.g. its file) has more hosts than
-    the policy's ``max_hosts``, or a model more layers than its ``max_layers``."""
+    the policy's ``max_hosts`` (None: not asked; the planning methods take a larger
+    cluster as replica slices), or a model more layers than its ``max_layers``."""
     where = f" ({source})" if source else ""
-    if int(max_hosts_needed) > bundle.max_hosts:
+    if max_hosts_needed is not None and int(max_hosts_needed) > bundle.max_hosts:
         raise ConfigError(str(bundle.path), "max_hosts",
                           f"the cluster{where} has {max_hosts_needed} hosts, the policy was "
                           f"trained for at most max_hosts={bundle.max_hosts}; use a policy "

@@ -150,10 +150,9 @@ def _policy_start(problem: Problem, policy: Any,
     if policy is None and not default_policy_path().exists():
         return None, "skipped: no policy is installed"
     bundle = _bundle(policy)
-    hosts = len(problem.cluster.hosts)
     try:
         # More hosts than the policy observes are planned as replica slices (``_policy``).
-        check_compatible(bundle, min(hosts, bundle.max_hosts), model_layers=problem.model.layers,
+        check_compatible(bundle, None, model_layers=problem.model.layers,
                          source=problem.name or problem.cluster.name)
     except ConfigError as exc:
         return None, f"skipped: {exc.problem}"

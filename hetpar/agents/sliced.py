@@ -59,8 +59,8 @@ def plan_on_slices(bundle: Any, problem: Problem, *, method: str,
         settings.pop(key, None)
     budget = settings.pop("budget_s", None)
     cuts = slicings(problem, bundle.max_hosts, sizes)
-    if not cuts:  # the widest slice's error says why
-        slice_problem(problem, bundle.max_hosts)
+    if not cuts:  # the widest slice asked for: its error says why
+        slice_problem(problem, min(max(sizes), bundle.max_hosts))
     whole_s = time.perf_counter() - called  # slicing, expanding and scoring on the cluster
     tried: list[dict[str, Any]] = []
     best: tuple[float, Slicing, Solution, Any] | None = None

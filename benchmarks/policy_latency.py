@@ -2,6 +2,7 @@
 
     python benchmarks/policy_latency.py [--time-limit 60] [--repeats 5] [--beams 1,4]
                                         [--speculate 8,1] [--no-search]
+    python benchmarks/policy_latency.py --suites test-larger,test-hard [--hosts 16] [--n 5]
 
 For bundled clusters of 16 to 128 GPUs, medians of ``--repeats`` runs on one CPU thread:
 the policy's inference (``infer``: the masked rollout or beam search; ``fwd``: its
@@ -16,13 +17,21 @@ large for it ("too large") it returns its metis seed at once and no ratio is giv
 batched forward pass scores; 1: one pass per decision), is timed in the same warm
 process, interleaved repeat by repeat so that the machine's drifts hit every variant
 alike. Prints the refined, searched and exact objectives.
+
+``--suites`` times ``hetpar plan``'s default instead (rollout, refinement and structure
+search, on one thread) on the first ``--n`` instances of each suite with ``--hosts``
+hosts: the median of ``--repeats`` runs per instance, and the median and p90 over the
+instances (the latency target of issue 24 is stated on 16-host clusters).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+
+import torch
 
 import hetpar
 from hetpar.agents.io import load_policy
@@ -48,7 +57,14 @@ def main() -> None:
                     help=f"speculation widths of the single rollout (default {SPECULATE},1)")
     ap.add_argument("--no-search", action="store_true",
                     help="time the refined rollout only, without the structure search")
+    ap.add_argument("--suites", default=None,
+                    help="time the default pipeline on these suites' instances instead")
+    ap.add_argument("--hosts", type=int, default=16, help="hosts of the suite instances timed")
+    ap.add_argument("--n", type=int, default=5, help="instances per suite")
     args = ap.parse_args()
+    if args.suites:
+        suite_latency(args)
+        return
     beams = [int(b) for b in args.beams.split(",")]
     widths = [int(w) for w in args.speculate.split(",")]
     variants = [(beam, w) for beam in beams for w in (widths if beam == 1 else widths[:1])]
@@ -100,6 +116,53 @@ def main() -> None:
                      f"{at_least}{exact_s / (infer + refine + search):7.0f}x  ")
                   + f"{refined:.4f} / {value:.4f} / {sol.value:.4f}"
                   f"{'' if proven else ' (not proven)'}")
+
+
+def _q(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def suite_latency(args: argparse.Namespace) -> None:
+    """``hetpar plan``'s default on suite instances of ``args.hosts`` hosts, one thread."""
+    from hetpar.problem.generator import load_suite
+
+    torch.set_num_threads(1)
+    bundle = load_policy(args.policy)
+    print(f"policy {bundle.path}; instances with {args.hosts} hosts; one thread; median of "
+          f"{args.repeats} runs each")
+    print(f"{'suite':18s} {'index':>5s} {'total ms':>9s} {'infer ms':>9s} {'refine ms':>9s} "
+          f"{'search ms':>9s}  plan value (s)")
+    totals: list[float] = []
+    infers: list[float] = []
+    for name in args.suites.split(","):
+        suite = load_suite(name)
+        found = 0
+        for index in range(suite.size or 100_000):
+            if found >= args.n:
+                break
+            inst = suite.instance(index)
+            if len(inst.cluster.hosts) != args.hosts:
+                continue
+            found += 1
+            runs = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                res = plan_with_policy(bundle, policy_problem(bundle, inst),
+                                       improve_evaluations=DEFAULT_EVALUATIONS)
+                t = res.timings
+                runs.append((time.perf_counter() - start, t["inference"], t["refine"],
+                             t["improve"]))
+            total, infer, refine, search = (statistics.median(r[i] for r in runs)
+                                            for i in range(4))
+            totals.append(total)
+            infers.append(infer)
+            print(f"{name:18s} {index:5d} {1e3 * total:9.1f} {1e3 * infer:9.1f} "
+                  f"{1e3 * refine:9.1f} {1e3 * search:9.1f}  {res.value:.4f}")
+    if totals:
+        print(f"{len(totals)} instances: total median {1e3 * statistics.median(totals):.0f} ms, "
+              f"p90 {1e3 * _q(totals, 0.9):.0f} ms; inference median "
+              f"{1e3 * statistics.median(infers):.1f} ms, p90 {1e3 * _q(infers, 0.9):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,32 @@ def test_the_twin_decides_every_prefix_as_the_source(seed):
     assert compared > 0
 
 
+@needs_twin
+@pytest.mark.parametrize("seed", range(6))
+def test_the_twin_bounds_a_split_as_the_source(seed):
+    """``root_bound`` compiled gives the source's value bit for bit, on random stage
+    profiles: some with room for every layer, some with too little memory (inf), some
+    whose least threshold must be found by bisection first."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        p = int(rng.integers(1, 9))
+        layers = int(rng.integers(p, 97))
+        fields = [dict(a=float(rng.uniform(1e-4, 1e-2)), b=float(rng.uniform(0, 1e-2)),
+                       d=float(rng.choice([0.0, rng.uniform(0, 1e-3)])),
+                       cap=int(rng.integers(0, layers + 3)), d0=float(rng.uniform(0, 1e-2)),
+                       opt_a=float(rng.uniform(0, 1e-3)), opt_b=float(rng.uniform(0, 1e-2)))
+                  for _ in range(p)]
+        a = [f["a"] * float(rng.uniform(0.2, 1.0)) for f in fields]
+        gam = [f["b"] + float(rng.uniform(0, 1e-2)) for f in fields]
+        m = int(rng.integers(1, 33))
+        fixed = float(rng.uniform(0, 0.1))
+        pure = bounds.pure_root_bound([bounds.PureStageProfile(**f) for f in fields], a, gam,
+                                      m, layers, fixed)
+        twin = bounds.NATIVE.root_bound([bounds.NATIVE.StageProfile(**f) for f in fields], a,
+                                        gam, m, layers, fixed)
+        assert twin == pure or (math.isinf(twin) and math.isinf(pure)), (fields, m, layers)
+
+
 def test_seed_tasks_offer_the_heuristics_plans():
     cluster, model, training, objective = tiny_instance(11)
     cm = CostModel(cluster, model, training, samples=4, seed=11)

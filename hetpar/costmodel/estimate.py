@@ -691,14 +691,38 @@ class CostModel:
         return out
 
     def score_splits(self, frame: PlanFrame, tables: SplitTables, splits: np.ndarray,
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     cutoff: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
         """Iteration seconds ((N, K)) and whether each fits in memory ((N,)) of the N layer
         splits ``splits`` ((N, p) layers per stage) of ``frame``'s structure: what
-        ``core_split`` gives each of them, in one vectorised pass."""
+        ``core_split`` gives each of them, in one vectorised pass.
+
+        With a finite ``cutoff`` (a search's incumbent), rows that do not fit, and rows
+        whose every sample is certainly above ``cutoff``, come back as not fitting with
+        infinite seconds, unscored: a bound per row (the stages' work, the least transfers
+        of any sample, the all-reduce's latency only) settles most rows of a block for
+        O(p) work instead of O(K p + K C). Any objective that is at least its least sample
+        (mean, quantile, CVaR) is then certainly above ``cutoff`` for them too."""
         # Flat indices into the (p, L+1) tables: one take per table.
         flat = splits + np.arange(frame.num_stages) * tables.work.shape[1]
         stage_s = tables.work.take(flat)  # (N, p)
-        feasible = tables.fits.take(flat).all(axis=1)
+        feasible = _row_all(tables.fits.take(flat))
+        n = len(splits)
+        if math.isfinite(cutoff) and n:
+            keep = feasible & (self._split_floor(frame, tables, flat, stage_s)
+                               <= cutoff * (1.0 + _CUTOFF_SLACK))
+            rows = np.flatnonzero(keep)
+            if len(rows) < n:
+                totals = np.full((n, frame.boundary_total.shape[0]), np.inf)
+                if len(rows):
+                    totals[rows] = self._split_totals(frame, tables, flat[rows],
+                                                      stage_s[rows])
+                return totals, keep
+        return self._split_totals(frame, tables, flat, stage_s), feasible
+
+    def _split_totals(self, frame: PlanFrame, tables: SplitTables, flat: np.ndarray,
+                      stage_s: np.ndarray) -> np.ndarray:
+        """``score_splits``' seconds ((N, K)) of the rows whose flat table indices are
+        ``flat`` and stage seconds ``stage_s`` ((N, p))."""
         m = frame.micro_batches
         transfers = frame.cycle_transfers
         if transfers.shape[0] == 1:
@@ -707,14 +731,32 @@ class CostModel:
             cycle = _max_over(stage_s, transfers, np.add)
         total = pipeline_total(stage_s.sum(axis=1)[:, None], frame.boundary_total[None, :],
                                cycle, m, frame.virtual_stages)
-        dp_time = tables.intra.take(flat).max(axis=1)[:, None]
+        dp_time = _row_max(tables.intra.take(flat))[:, None]
         if frame.dp_fixed.size:
             params = tables.params.take(flat)
             loads = params @ frame.dp_per_param.T + frame.dp_fixed  # (N, C)
             dp_time = dp_time + (_max_over(loads, frame.dp_inv_bw, np.multiply)
                                  + frame.dp_latency)
-        opt_s = tables.opt.take(flat).max(axis=1)[:, None]
-        return total + dp_time + (opt_s + self.framework.iteration_overhead_s), feasible
+        opt_s = _row_max(tables.opt.take(flat))[:, None]
+        return total + dp_time + (opt_s + self.framework.iteration_overhead_s)
+
+    def _split_floor(self, frame: PlanFrame, tables: SplitTables, flat: np.ndarray,
+                     stage_s: np.ndarray) -> np.ndarray:
+        """A lower bound ((N,)) of every sample of ``_split_totals``: the same terms in the
+        same order, each sample's transfers replaced by the least over the samples and the
+        all-reduce across hosts by its latency (every operation is monotone, so the bound
+        holds in floating point too)."""
+        least = frame.cycle_transfers.min(axis=0)
+        cycle = stage_s[:, 0] + least[0]
+        for i in range(1, stage_s.shape[1]):
+            np.maximum(cycle, stage_s[:, i] + least[i], out=cycle)
+        total = pipeline_total(stage_s.sum(axis=1), float(frame.boundary_total.min()), cycle,
+                               frame.micro_batches, frame.virtual_stages)
+        dp_time = _row_max(tables.intra.take(flat))
+        if frame.dp_fixed.size:
+            dp_time = dp_time + frame.dp_latency
+        opt_s = _row_max(tables.opt.take(flat))
+        return total + dp_time + (opt_s + self.framework.iteration_overhead_s)
 
     def with_constants(self, constants: CostConstants) -> CostModel:
         """The same cluster, model, training and bandwidth states under other constants
@@ -791,6 +833,11 @@ class CostModel:
                         samples=self.num_samples, uncalibrated=uncalibrated)
 
 
+# Relative slack of ``score_splits``' cutoff: its bound takes other paths through the same
+# arithmetic than the full score, so rows within rounding of the cutoff are scored.
+_CUTOFF_SLACK = 1e-9
+
+
 def _max_over(rows: np.ndarray, per_sample: np.ndarray, op: Any) -> np.ndarray:
     """``op(rows[:, None, :], per_sample[None, :, :]).max(axis=2)`` for ``rows`` (N, C)
     and ``per_sample`` (K, C): one (N, K) pass per column. numpy reduces a short last axis
@@ -801,6 +848,22 @@ def _max_over(rows: np.ndarray, per_sample: np.ndarray, op: Any) -> np.ndarray:
     for j in range(1, rows.shape[1]):
         op(rows[:, j, None], per_sample[None, :, j], out=tmp)
         np.maximum(out, tmp, out=out)
+    return out
+
+
+def _row_max(a: np.ndarray) -> np.ndarray:
+    """``a.max(axis=1)`` of an (N, p) array, column by column (see ``_max_over``)."""
+    out = a[:, 0].copy()
+    for j in range(1, a.shape[1]):
+        np.maximum(out, a[:, j], out=out)
+    return out
+
+
+def _row_all(a: np.ndarray) -> np.ndarray:
+    """``a.all(axis=1)`` of an (N, p) boolean array, column by column."""
+    out = a[:, 0].copy()
+    for j in range(1, a.shape[1]):
+        np.logical_and(out, a[:, j], out=out)
     return out
 
 

@@ -30,7 +30,8 @@ from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.problem.space import PlanSpace, StageChoice
 
-__all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile", "matching_twin"]
+__all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile", "matching_twin",
+           "root_bound", "pure_root_bound"]
 
 
 
@@ -1593,6 +1594,102 @@ class Bounds:
         return best
 
 
+# ---- the exact search's root bound of a layer split -----------------------------------
+_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+_GOLDEN_STEPS = 22  # brackets the minimiser to 2.5e-5 of the thresholds' range
+_EDGE_STEPS = 24  # bisection steps for the least threshold with a placement
+
+
+def _tau_cost(tau: float, mem: list[float], icpt: list[float], slope: list[float],
+              a: list[float], order: list[int], sum_a: float, layers: int) -> float:
+    """``root_bound``'s objective at threshold ``tau``: inf where no placement exists."""
+    p = len(mem)
+    caps: list[float] = []
+    least = math.inf
+    total_caps = 0.0
+    for i in range(p):
+        cap = min(mem[i], (tau - icpt[i]) / slope[i]) if slope[i] > 0 else mem[i]
+        caps.append(cap)
+        least = min(least, cap)
+        total_caps += cap
+    # With a tolerance: at tau = hi, (tau - icpt) / slope is L up to rounding, and a
+    # cap of 1.9999999 for 2 layers must not make a feasible split look infeasible.
+    if least < 1 - 1e-9 or total_caps < layers * (1 - 1e-12) - 1e-9:
+        return math.inf
+    total = sum_a
+    left = float(layers - p)
+    for i in order:
+        take = min(left, caps[i] - 1)
+        total += a[i] * take
+        left -= take
+        if left <= 0:
+            break
+    return tau + total
+
+
+def root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: int,
+               layers: int, fixed: float) -> float:
+    """The exact search's bound of a complete pipeline's best layer split, before any
+    layer is placed (``exact.best_split``; here to run compiled with the rest).
+
+    With ``u_i = a_i n_i + g_i`` the iteration is at least
+    ``fixed + sum_i a_i n_i + max_i ((M-1) u_i + d_i n_i) + max_i opt_i``: a sum of maxima
+    is at least the maximum of the sums. For a threshold ``tau`` on the maximum each stage
+    can hold at most ``(tau - (M-1) g_i) / ((M-1) a_i + d_i)`` layers, and the cheapest
+    way to place the rest fills the stages of smallest ``a_i`` first; the bound minimises
+    ``tau + sum a_i n_i`` over ``tau`` (a convex function of tau) with layers taken as real.
+    """
+    p = len(prof)
+    slope = [(m - 1) * pr.a + pr.d for pr in prof]
+    icpt = [(m - 1) * gam[i] + prof[i].d0 for i in range(p)]
+    mem = [float(min(pr.cap, layers)) for pr in prof]
+    order = sorted(range(p), key=lambda i: a[i])
+    sum_a = 0.0
+    for x in a:
+        sum_a += x
+    lo = -math.inf
+    hi = -math.inf
+    for i in range(p):
+        lo = max(lo, slope[i] + icpt[i])
+        hi = max(hi, slope[i] * layers + icpt[i])
+    if not math.isfinite(_tau_cost(hi, mem, icpt, slope, a, order, sum_a, layers)):
+        return math.inf
+    # Below some threshold no placement exists (cost inf); above it the cost is convex.
+    # The fill (cost - tau) falls as tau grows, so over any bracket [x, y] the cost is at
+    # least x + fill(y): a bound, where the cost at a point would only approximate one.
+    edge = math.inf
+    if not math.isfinite(_tau_cost(lo, mem, icpt, slope, a, order, sum_a, layers)):
+        bad, good = lo, hi
+        for _ in range(_EDGE_STEPS):
+            mid = (bad + good) / 2
+            if math.isfinite(_tau_cost(mid, mem, icpt, slope, a, order, sum_a, layers)):
+                good = mid
+            else:
+                bad = mid
+        edge = bad + (_tau_cost(good, mem, icpt, slope, a, order, sum_a, layers) - good)
+        lo = good
+    # Golden-section search: one cost evaluation per step (a ternary search needs two),
+    # and for a convex cost a minimiser stays in [lo, hi].
+    c = hi - _INV_PHI * (hi - lo)
+    d = lo + _INV_PHI * (hi - lo)
+    fc = _tau_cost(c, mem, icpt, slope, a, order, sum_a, layers)
+    fd = _tau_cost(d, mem, icpt, slope, a, order, sum_a, layers)
+    for _ in range(_GOLDEN_STEPS):
+        if fc <= fd:
+            hi, d, fd = d, c, fc
+            c = hi - _INV_PHI * (hi - lo)
+            fc = _tau_cost(c, mem, icpt, slope, a, order, sum_a, layers)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + _INV_PHI * (hi - lo)
+            fd = _tau_cost(d, mem, icpt, slope, a, order, sum_a, layers)
+    best = min(edge, lo + (_tau_cost(hi, mem, icpt, slope, a, order, sum_a, layers) - hi))
+    opt = -math.inf
+    for pr in prof:
+        opt = max(opt, pr.opt_a + pr.opt_b)
+    return fixed + best + opt
+
+
 # ---- the compiled twin ------------------------------------------------------------------
 # ``hatch_build.py`` compiles this very file with mypyc into ``_bounds_native`` (about
 # twice as fast; same arithmetic, same decisions), recording the digest of the text it
@@ -1600,6 +1697,7 @@ class Bounds:
 # file: an edited source runs as written, never a stale build.
 PureBounds = Bounds
 PureStageProfile = StageProfile
+pure_root_bound = root_bound
 
 
 def matching_twin(twin: ModuleType, source: bytes) -> ModuleType | None:
@@ -1626,4 +1724,5 @@ def _compiled_twin() -> ModuleType | None:
 # The module the search runs: the compiled twin, or None (this file as it stands).
 NATIVE: ModuleType | None = _compiled_twin() if __name__ == "hetpar.solvers.bounds" else None
 if NATIVE is not None:
-    globals().update(Bounds=NATIVE.Bounds, StageProfile=NATIVE.StageProfile)
+    globals().update(Bounds=NATIVE.Bounds, StageProfile=NATIVE.StageProfile,
+                     root_bound=NATIVE.root_bound)

@@ -41,7 +41,7 @@ from hetpar.costmodel.frame import PlanFrame, SplitTables
 from hetpar.costmodel.objective import Objective
 from hetpar.errors import InfeasibleError
 from hetpar.plan import Plan
-from hetpar.solvers.bounds import Bounds, StageProfile
+from hetpar.solvers.bounds import Bounds, StageProfile, root_bound
 from hetpar.solvers.climb import best_move, climb
 from hetpar.problem.space import PlanSpace, StageChoice, SymmetryCheck
 from hetpar.runtime.rules import (allowed_splits, check_plan, get_runtime, stage_extends,
@@ -463,7 +463,7 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
     apart = _SuffixFill([(m - 1) * pr.a + pr.d for pr in prof],
                         [(m - 1) * pr.b + pr.d0 for pr in prof])(0, L)
     if fixed0 + share * (sum(a) + (L - p) * min(a)) + apart + opt_least >= target or \
-            _root_bound(prof, [share * x for x in a], gam0, m, L, fixed0) >= target:
+            root_bound(prof, [share * x for x in a], gam0, m, L, fixed0) >= target:
         s.counters.pruned_bound += 1
         return
     speed = [1.0 / pr.a if pr.a > 0 else 1.0 for pr in prof]
@@ -582,7 +582,7 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
             dfs(j + 1, used + k, *args)
 
     if max(lower(0, 0, 0.0, -math.inf, 0.0, 0.0, -math.inf),
-           _root_bound(prof, [share * x for x in a], gam, m, L, fixed)) >= s.target():
+           root_bound(prof, [share * x for x in a], gam, m, L, fixed)) >= s.target():
         s.counters.pruned_bound += 1
         return
     try:
@@ -650,12 +650,14 @@ def _enumerate_splits(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanF
 
 
 def _score_rows(cm: CostModel, objective: Objective, frame: PlanFrame, tables: SplitTables,
-                splits: np.ndarray) -> np.ndarray:
-    """The objective's values of ``splits`` ((N, p)) of one structure, in chunks."""
+                splits: np.ndarray, cutoff: float = math.inf) -> np.ndarray:
+    """The objective's values of ``splits`` ((N, p)) of one structure, in chunks; rows
+    that do not fit, or that are certainly above ``cutoff``, are inf
+    (``CostModel.score_splits``)."""
     values = np.full(len(splits), np.inf)
     for lo in range(0, len(splits), _SCORE_CHUNK):
         chunk = splits[lo:lo + _SCORE_CHUNK]
-        totals, fits = cm.score_splits(frame, tables, chunk)
+        totals, fits = cm.score_splits(frame, tables, chunk, cutoff)
         values[lo:lo + len(chunk)] = objective.score_rows(totals, fits)
     return values
 
@@ -667,7 +669,10 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
     ZeRO-1 up that fits (a higher one is never faster: only the splits the ones before could
     not fit, or ZeRO-0 where ZeRO-1 is not allowed, are scored again)."""
     cm, objective, space = s.problem.cm, s.problem.objective, s.problem.space
-    values = _score_rows(cm, objective, frame, tables, splits)
+    # Only a split below the incumbent is offered: rows certainly above it are left
+    # unscored (inf, as if they did not fit; a higher ZeRO stage is never faster).
+    cutoff = s.best_value
+    values = _score_rows(cm, objective, frame, tables, splits, cutoff)
     s.counters.leaves += len(splits)
     zero = np.full(len(splits), s.zero)
     virtual = np.ones(len(splits), dtype=np.intp)
@@ -689,7 +694,7 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
             picked = splits[rows[redo]]
             other = cm.frame(space.to_plan(stages, tuple(int(n) for n in picked[0]), m, rc,
                                            z, v))
-            got = _score_rows(cm, objective, other, cm.split_tables(other), picked)
+            got = _score_rows(cm, objective, other, cm.split_tables(other), picked, cutoff)
             better = (got < at[redo]) | (at_zero[redo] < 0)
             at[redo[better]] = got[better]
             at_zero[redo[better]] = z
@@ -706,83 +711,6 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
 
 _SCORE_CHUNK = 2048  # splits per vectorised pass (bounds the (N, K, p) temporaries)
 _TAIL_STAGES = 4  # stages whose splits the split tree scores at once under each prefix
-
-
-def _root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: int, L: int,
-                fixed: float) -> float:
-    """``best_split``'s bound before any layer is placed.
-
-    With ``u_i = a_i n_i + g_i`` the iteration is at least
-    ``fixed + sum_i a_i n_i + max_i ((M-1) u_i + d_i n_i) + max_i opt_i``: a sum of maxima
-    is at least the maximum of the sums. For a threshold ``tau`` on the maximum each stage
-    can hold at most ``(tau - (M-1) g_i) / ((M-1) a_i + d_i)`` layers, and the cheapest
-    way to place the rest fills the stages of smallest ``a_i`` first; the bound minimises
-    ``tau + sum a_i n_i`` over ``tau`` (a convex function of tau) with layers taken as real.
-    """
-    p = len(prof)
-    slope = [(m - 1) * pr.a + pr.d for pr in prof]
-    icpt = [(m - 1) * g + pr.d0 for g, pr in zip(gam, prof)]
-    mem = [float(min(pr.cap, L)) for pr in prof]
-    order = sorted(range(p), key=lambda i: a[i])
-
-    terms = list(zip(mem, icpt, slope))
-    sum_a = sum(a)
-
-    def cost(tau: float) -> float:
-        caps = [min(mi, (tau - ic) / sl) if sl > 0 else mi for mi, ic, sl in terms]
-        # With a tolerance: at tau = hi, (tau - icpt) / slope is L up to rounding, and a
-        # cap of 1.9999999 for 2 layers must not make a feasible split look infeasible.
-        if min(caps) < 1 - 1e-9 or sum(caps) < L * (1 - 1e-12) - 1e-9:
-            return math.inf
-        total = sum_a
-        left = L - p
-        for i in order:
-            take = min(left, caps[i] - 1)
-            total += a[i] * take
-            left -= take
-            if left <= 0:
-                break
-        return tau + total
-
-    lo = max(sl + ic for sl, ic in zip(slope, icpt))
-    hi = max(sl * L + ic for sl, ic in zip(slope, icpt))
-    if not math.isfinite(cost(hi)):
-        return math.inf
-    # Below some threshold no placement exists (cost inf); above it the cost is convex.
-    # The fill (cost - tau) falls as tau grows, so over any bracket [x, y] the cost is at
-    # least x + fill(y): a bound, where the cost at a point would only approximate one.
-    edge = math.inf
-    if not math.isfinite(cost(lo)):
-        bad, good = lo, hi
-        for _ in range(_EDGE_STEPS):
-            mid = (bad + good) / 2
-            if math.isfinite(cost(mid)):
-                good = mid
-            else:
-                bad = mid
-        edge = bad + (cost(good) - good)  # covers thresholds in [bad, good]
-        lo = good
-    # Golden-section search: one cost evaluation per step (a ternary search needs two),
-    # and for a convex cost a minimiser stays in [lo, hi].
-    c, d = hi - _INV_PHI * (hi - lo), lo + _INV_PHI * (hi - lo)
-    fc, fd = cost(c), cost(d)
-    for _ in range(_GOLDEN_STEPS):
-        if fc <= fd:
-            hi, d, fd = d, c, fc
-            c = hi - _INV_PHI * (hi - lo)
-            fc = cost(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + _INV_PHI * (hi - lo)
-            fd = cost(d)
-    best = min(edge, lo + (cost(hi) - hi))
-    opt = max(pr.opt_a + pr.opt_b for pr in prof)
-    return fixed + best + opt
-
-
-_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
-_GOLDEN_STEPS = 22  # brackets the minimiser to 2.5e-5 of the thresholds' range
-_EDGE_STEPS = 24  # bisection steps for the least threshold with a placement
 
 
 def _proportional(total: int, speed: list[float], caps: list[int]) -> tuple[int, ...] | None:

@@ -202,3 +202,48 @@ def test_expert_cache_records_the_bandwidth_seed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expert plans for another setting"):
         expert_plans("tiny", range(1), objective="mean", samples=8, cfg=METIS, cache=cache,
                      seed=1)
+
+
+def test_policy_experts_label_with_the_search_from_the_policys_plan(tmp_path: Path) -> None:
+    """Expert iteration: ``policy-beam`` labels an instance with hetpar plan's pipeline from
+    the policy's beam search (the same plan ``planning.plan`` gives), and the cache is
+    bound to the policy file's weights: another policy's plans are refused."""
+    from hetpar.agents import planning
+    from hetpar.agents.io import policy_path
+
+    cache = tmp_path / "experts.jsonl"
+    cfg = ImitationConfig(experts=("policy-beam", "metis"), policy="shipped")
+    plans = expert_plans("tiny", range(2), objective="mean", samples=8, cfg=cfg, cache=cache)
+    suite = load_suite("tiny")
+    rows = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
+    for i, plan in plans.items():
+        inst = suite.instance(i)
+        problem = Problem.from_instance(inst, objective="mean", samples=8, seed=0)
+        beam = planning.plan(problem, "policy-beam", policy="shipped")
+        metis = solve(problem, method="metis")
+        assert plan is not None
+        assert problem.value(plan) == pytest.approx(min(beam.value, metis.value), rel=1e-9)
+        row = next(r for r in rows if r["index"] == i)
+        assert row["method"] in ("policy-beam", "metis")
+    key = json.loads(json.loads(cache.read_text().splitlines()[0])["expert_cache"])
+    import hashlib
+    assert key["policy_sha256"] == hashlib.sha256(policy_path("shipped").read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match="expert plans for another setting"):
+        expert_plans("tiny", range(2), objective="mean", samples=8,
+                     cfg=ImitationConfig(experts=("policy-beam", "metis"), policy="clone"),
+                     cache=cache)
+    with pytest.raises(ConfigError, match="imitation.policy: cannot read the policy file"):
+        expert_plans("tiny", range(1), objective="mean", samples=8,
+                     cfg=ImitationConfig(experts=("policy",), policy=str(tmp_path / "none.zip")),
+                     cache=tmp_path / "other.jsonl")
+
+
+def test_imitation_policy_key() -> None:
+    base = {"suite": "tiny", "total_timesteps": 0,
+            "imitation": {"experts": ["policy-beam", "metis"], "policy": "clone"}}
+    cfg = parse_train_config(base, "x")
+    assert cfg.imitation is not None and cfg.imitation["policy"] == "clone"
+    assert parse_train_config(cfg.as_dict(), "x").imitation == cfg.imitation
+    with pytest.raises(ConfigError, match=r"imitation.policy"):
+        parse_train_config({**base, "imitation": {"experts": ["policy"], "policy": 3}}, "x")
+    assert load_train_config("exit").imitation["experts"] == ["policy-beam", "metis"]

@@ -7,8 +7,11 @@ the same way), then let PPO improve on it:
 
 1. **Expert plans** (``expert_plans``): for each training instance, the best plan of the
    configured methods (``exact`` with a short time limit, which is seeded with ``metis``
-   and so never worse than it; or ``metis`` alone), computed in worker processes and
-   cached one JSON line per instance, so an interrupted or repeated run reuses them.
+   and so never worse than it; or ``metis`` alone; or ``policy`` / ``policy-beam``, the
+   structure search from a policy's own plan, which makes the cloning a round of expert
+   iteration: the policy learns the plans a search finds near its own), computed in
+   worker processes and cached one JSON line per instance, so an interrupted or repeated
+   run reuses them.
 2. **Demonstrations** (``demonstrations``): each expert plan replayed in the environment
    with ``PlanBuilderEnv.actions_for``; every decision with more than one allowed action
    gives (observation, mask, expert action), and the episode's return is the value
@@ -21,6 +24,7 @@ the same way), then let PPO improve on it:
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,7 +42,10 @@ from hetpar.problem import DEFAULT_SEED
 __all__ = ["ImitationConfig", "Demonstrations", "expert_plans", "demonstrations",
            "behaviour_clone", "EXPERT_METHODS"]
 
-EXPERT_METHODS = ("exact", "metis", "megatron")
+EXPERT_METHODS = ("exact", "metis", "megatron", "policy", "policy-beam")
+# Experts that plan with a policy (``ImitationConfig.policy``): hetpar plan's default
+# pipeline, from the single rollout or from the beam search.
+POLICY_EXPERTS = ("policy", "policy-beam")
 
 
 @dataclass(frozen=True)
@@ -55,21 +62,48 @@ class ImitationConfig:
     vf_coef: float = 0.5
     holdout: float = 0.1  # share of instances kept out of cloning, for validation
     cache: str | None = None  # expert-plan cache file shared between runs
+    policy: str | None = None  # the policy file the policy experts plan with (None: shipped)
 
     def as_dict(self) -> dict[str, Any]:
         return {"experts": list(self.experts), "exact_time_limit": self.exact_time_limit,
                 "instances": self.instances, "workers": self.workers, "epochs": self.epochs,
                 "batch_size": self.batch_size, "learning_rate": self.learning_rate,
-                "vf_coef": self.vf_coef, "holdout": self.holdout, "cache": self.cache}
+                "vf_coef": self.vf_coef, "holdout": self.holdout, "cache": self.cache,
+                "policy": self.policy}
 
 
 # ---- expert plans -------------------------------------------------------------------------
 
 def _cache_key(suite: str, objective: str, samples: int, cfg: ImitationConfig,
                seed: int) -> str:
-    return json.dumps({"suite": suite, "objective": objective, "samples": samples,
-                       "seed": seed, "experts": sorted(cfg.experts),
-                       "exact_time_limit": cfg.exact_time_limit}, sort_keys=True)
+    key: dict[str, Any] = {"suite": suite, "objective": objective, "samples": samples,
+                           "seed": seed, "experts": sorted(cfg.experts),
+                           "exact_time_limit": cfg.exact_time_limit}
+    if set(cfg.experts) & set(POLICY_EXPERTS):
+        # Another policy makes other plans: the cache is for these weights only.
+        key["policy_sha256"] = policy_digest(cfg.policy)
+    return json.dumps(key, sort_keys=True)
+
+
+def policy_digest(path: str | None) -> str:
+    """SHA-256 of the policy file the policy experts load (None: the shipped one)."""
+    import hashlib
+
+    from hetpar.agents.io import policy_path
+
+    try:
+        return hashlib.sha256(policy_path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ConfigError(str(path), "imitation.policy",
+                          f"cannot read the policy file: {exc.strerror or exc}") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _expert_policy(path: str | None) -> Any:
+    """The policy experts' policy, loaded once per worker process."""
+    from hetpar.agents.io import load_policy
+
+    return load_policy(path)
 
 
 def _header_key(header: Any) -> Any:
@@ -85,9 +119,12 @@ def _header_key(header: Any) -> Any:
 
 
 def _expert_one(suite: str, index: int, objective: str, samples: int,
-                experts: Sequence[str], time_limit: float, seed: int) -> dict[str, Any]:
+                experts: Sequence[str], time_limit: float, seed: int,
+                policy: str | None = None) -> dict[str, Any]:
     """Best plan of ``experts`` on instance ``index`` (runs in a worker process), scored
-    under ``samples`` bandwidth states drawn with ``seed``."""
+    under ``samples`` bandwidth states drawn with ``seed``; the policy experts plan with
+    the policy file ``policy`` (None: the shipped one)."""
+    from hetpar.agents import planning
     from hetpar.problem import Problem
     from hetpar.problem.generator import load_suite
     from hetpar.solvers import solve
@@ -99,8 +136,11 @@ def _expert_one(suite: str, index: int, objective: str, samples: int,
     t0 = time.process_time()
     for method in experts:
         try:
-            sol = solve(problem, method=method,
-                        time_limit=time_limit if method == "exact" else None)
+            if method in POLICY_EXPERTS:
+                sol = planning.plan(problem, method, policy=_expert_policy(policy))
+            else:
+                sol = solve(problem, method=method,
+                            time_limit=time_limit if method == "exact" else None)
         except HetparError as exc:  # e.g. a generated instance that fits nowhere
             best.setdefault("errors", []).append(f"{method}: {exc}")
             continue
@@ -177,7 +217,8 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
                     log(f"expert plans: {len(done)}/{len(wanted)} "
                         f"({time.perf_counter() - t0:.0f}s)")
 
-            args = (objective, samples, tuple(cfg.experts), cfg.exact_time_limit, seed)
+            args = (objective, samples, tuple(cfg.experts), cfg.exact_time_limit, seed,
+                    cfg.policy)
             if backend == "ray":
                 from hetpar.solvers.ray_executor import ray_map
 

@@ -85,7 +85,8 @@ _FINETUNE_KEYS = frozenset({"init_policy", "reward", "repeat", "anchor_coef", "v
 FINETUNE_DEFAULTS: dict[str, Any] = {"init_policy": None, "reward": "mfu", "repeat": 1,
                                      "anchor_coef": 0.0, "value_warmup": 0}
 _IMITATION_KEYS = frozenset({"experts", "exact_time_limit", "instances", "workers", "epochs",
-                             "batch_size", "learning_rate", "vf_coef", "holdout", "cache"})
+                             "batch_size", "learning_rate", "vf_coef", "holdout", "cache",
+                             "policy"})
 
 RESUME_FILE = "interrupted_policy.zip"
 IMITATION_FILE = "imitation_policy.zip"
@@ -284,7 +285,11 @@ def _parse_imitation(r: Reader) -> dict[str, Any] | None:
     cache = im.raw("cache", None)
     if cache is not None and not isinstance(cache, str):
         raise im.error("cache", f"expected a file path, got {cache!r}")
-    return {"experts": [str(e) for e in experts],
+    policy = im.raw("policy", None)
+    if policy is not None and not isinstance(policy, str):
+        raise im.error("policy", f"expected a policy file, 'shipped' or 'clone', got {policy!r}")
+    return {"policy": policy,
+            "experts": [str(e) for e in experts],
             "exact_time_limit": im.number("exact_time_limit", 1.0, positive=True,
                                           maximum=lim.MAX_TIME_LIMIT_S),
             "instances": im.int("instances", None, minimum=1, maximum=lim.MAX_TRAIN_INSTANCES),
@@ -778,13 +783,17 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
               say: Callable[[str], None], backend: str = "local",
               address: str | None = None) -> dict[str, Any]:
     """Behaviour cloning of expert plans on the training pool (``imitation:`` section)."""
-    from hetpar.agents.imitation import (ImitationConfig, behaviour_clone, demonstrations,
-                                         expert_plans, expert_summary)
+    from hetpar.agents.imitation import (POLICY_EXPERTS, ImitationConfig, behaviour_clone,
+                                         demonstrations, expert_plans, expert_summary,
+                                         policy_digest)
     from hetpar.envs.env import PlanBuilderEnv
     from hetpar.problem import DEFAULT_SEED
 
     assert cfg.imitation is not None
-    im = ImitationConfig(**{**cfg.imitation, "experts": tuple(cfg.imitation["experts"])})
+    # The policy experts plan with imitation.policy, else the policy the run starts from.
+    expert_policy = cfg.imitation.get("policy") or cfg.finetune["init_policy"]
+    im = ImitationConfig(**{**cfg.imitation, "experts": tuple(cfg.imitation["experts"]),
+                            "policy": expert_policy})
     env = PlanBuilderEnv(cfg.suite, **{**_env_kwargs(cfg), "instances": cfg.env["instances"]})
     pool = env.source.count
     n = min(im.instances or pool, pool)
@@ -792,9 +801,13 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
     suite_tag = re.sub(r"[^A-Za-z0-9._-]", "_", Path(cfg.suite).stem)
     # Shared between runs by default: expert plans depend only on the suite and settings
     # (the cache's header records them and a mismatch is refused).
+    # A policy expert's plans are its weights': one cache per policy file's digest.
+    tag = (f"-{policy_digest(im.policy)[:12]}" if set(im.experts) & set(POLICY_EXPERTS)
+           else "")
     cache = Path(im.cache) if im.cache else (
         runs / "expert-cache" / f"{suite_tag}-{objective}-{samples}-"
-                                f"{'+'.join(sorted(im.experts))}-{im.exact_time_limit:g}s.jsonl")
+                                f"{'+'.join(sorted(im.experts))}-{im.exact_time_limit:g}s"
+                                f"{tag}.jsonl")
     t0 = time.perf_counter()
     # Scored under DEFAULT_SEED's bandwidth states, not cfg.seed's (module docstring).
     plans = expert_plans(cfg.suite, range(n), objective=objective, samples=samples, cfg=im,

@@ -70,6 +70,8 @@ class PlanSpace:
     _capacity: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
     _eligible: dict[tuple[str, int], tuple[int, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    _micro: dict[tuple[int, ...], tuple[int, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         hosts = self.cluster.hosts
@@ -195,9 +197,14 @@ class PlanSpace:
     # ---- whole-plan options --------------------------------------------------------------
     def micro_batch_options(self, dps: Sequence[int]) -> tuple[int, ...]:
         """Micro-batch counts whose micro-batches split evenly over every stage's replicas."""
-        batch = self.training.global_batch
-        return tuple(m for m in range(1, batch + 1)
-                     if batch % m == 0 and all((batch // m) % d == 0 for d in dps))
+        key = tuple(sorted(set(dps)))
+        hit = self._micro.get(key)
+        if hit is None:  # memoised: the searches ask for the same few sets of counts
+            batch = self.training.global_batch
+            hit = self._micro[key] = tuple(
+                m for m in range(1, batch + 1)
+                if batch % m == 0 and all((batch // m) % d == 0 for d in key))
+        return hit
 
     @property
     def recompute_modes(self) -> tuple[str, ...]:

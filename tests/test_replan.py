@@ -487,6 +487,39 @@ def test_node_limit_of_solve():
         solve(problem, "exact", certify=False, node_limit=0)
 
 
+def test_a_node_budget_bounds_the_children_passed_over(monkeypatch):
+    """On 64 interchangeable hosts nearly every first stage is a symmetric copy of one
+    already searched. Each child passed over counts as a step of the budget: before it
+    did, 50 steps examined 58,941 first stages (4,096 per step) and a re-planner's
+    20,000-step budget ran for hours."""
+    import hetpar
+    from hetpar.cluster import parse_cluster
+    from hetpar.problem import Problem
+    from hetpar.problem import space as space_mod
+    from hetpar.solvers import solve
+
+    doc = {"name": "two-leaf-64", "switches": ["leaf0", "leaf1", "spine"],
+           "hosts": [{"name": "a80", "count": 32, "gpu": "A100-SXM4-80GB", "gpus": 8,
+                      "nic_gbps": 200, "switch": "leaf0"},
+                     {"name": "a40", "count": 32, "gpu": "A100-SXM4-40GB", "gpus": 8,
+                      "nic_gbps": 200, "switch": "leaf1"}],
+           "links": [{"a": "leaf0", "b": "spine", "capacity_gbps": 1600},
+                     {"a": "leaf1", "b": "spine", "capacity_gbps": 1600}]}
+    examined = [0]
+    extend = space_mod.SymmetryCheck.extend
+
+    def counted(self, stage):
+        examined[0] += 1
+        return extend(self, stage)
+
+    monkeypatch.setattr(space_mod.SymmetryCheck, "extend", counted)
+    problem = Problem.of(parse_cluster(doc, "<two-leaf-64>"), hetpar.load_model("llama2-7b"),
+                         hetpar.load_training("llama-bf16"), samples=1)
+    res = solve(problem, "exact", certify=False, node_limit=50)
+    assert res.certificate.stopped == "node limit" and res.plan is not None
+    assert examined[0] <= 10 * 50
+
+
 def test_cli_replan_bad_node_limit_exit_2(capsys):
     rc = main(["replan", "--scenario", "stable-dc", "--node-limit", "0"])
     err = capsys.readouterr().err

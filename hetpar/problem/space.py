@@ -348,9 +348,11 @@ class SymmetryCheck:
     def extend(self, stage: StageChoice) -> SymmetryCheck | None:
         """The check after appending ``stage``, or None if the prefix is not canonical."""
         tied = list(self.tied)
+        # Blocks per host (the GPUs taken are blocks x tp, the same tp for every host).
+        use = dict(zip(stage.hosts, stage.blocks))
         for k, (a, b) in enumerate(self.pairs):
             if tied[k]:
-                ua, ub = stage.used(a), stage.used(b)
+                ua, ub = use.get(a, 0), use.get(b, 0)
                 if ub > ua:
                     return None
                 if ua > ub:

@@ -270,14 +270,17 @@ class Searcher:
             if self.runtime.uniform and prefix:
                 # Every stage has the first one's GPU count: the others are never built.
                 mine = {prefix[0].gpus} & (mine if mine is not None else {prefix[0].gpus})
-            for i, stage in enumerate(space.stage_choices_by_size(free, sizes=mine)):
-                if not i & 4095:
-                    self._check_time()  # runs of non-canonical stages visit no node
+            for stage in space.stage_choices_by_size(free, sizes=mine):
+                # A child passed over is a step too: runs of them visit no node, and on
+                # many interchangeable hosts nearly every child is one (a budget of steps
+                # that did not count them ran for hours on 64 hosts).
                 if restricted and not stage_extends(prefix, stage, self.runtime):
+                    self._check_time()
                     continue
                 nxt = sym.extend(stage)
                 if nxt is None:
                     self.counters.pruned_symmetry += k == 0
+                    self._check_time()
                 else:
                     self.walk(prefix + (stage,), space.take(free, stage), nxt, opened)
             return

@@ -1,7 +1,8 @@
 """Re-planning suite: every strategy on every bundled scenario, several seeds, measured
 against the hindsight oracle.
 
-    python benchmarks/replan_experiment.py [--seeds 0,1,2] [--rules expected,lookahead:600]
+    python benchmarks/replan_experiment.py [--seeds 0,1,2]
+                                           [--rules recent:600,expected,lookahead:600]
                                            [--scenarios a,b] [--policy FILE]
 
 Writes docs/results-dynamic.md: per scenario and strategy (under the first rule), the
@@ -50,7 +51,7 @@ LATENCY_TARGET_MS = 50.0
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rules", default="expected,lookahead:600",
+    ap.add_argument("--rules", default="recent:600,expected,lookahead:600",
                     help="switch rules, comma-separated; the first one fills the main table")
     ap.add_argument("--policy", default=None, help="policy file (default: the shipped one)")
     ap.add_argument("--scenarios", default=",".join(list_scenarios()))

@@ -208,7 +208,7 @@ def test_cli_replan_json_twice_is_identical(tmp_path, capsys):
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1]
     data = json.loads(outs[0])
-    assert data["switch_rule"] == "expected"
+    assert data["switch_rule"] == "recent:600"
     assert data["hindsight"]["summary"]["strategy"] == "hindsight"
     assert {r["strategy"] for r in data["summary"]} == set(ALL)
     assert all(r["regret_mean"] >= -EPS for r in data["summary"])
@@ -280,8 +280,9 @@ def test_expected_believes_the_past():
     """States 0 and 1 lasted 100 s and 300 s: the state just entered (2) is expected to
     last their mean, 200 s, then each plan to run at its time-weighted mean throughput
     over the states seen (state 2 counted for 200 s)."""
-    rule = SwitchRule()
+    rule = SwitchRule("expected")
     assert rule.kind == "expected" and rule.name == "expected"
+    assert SwitchRule().name == "recent:600"  # the default
     belief = _belief(100, 300)
     assert belief.holding_s() == pytest.approx(200)
     assert belief.mean_rate(A, 2) == pytest.approx((100 * 1 + 300 * 0 + 200 * 0.5) / 600)
@@ -321,7 +322,7 @@ def test_expected_counts_the_way_back_for_a_plan_better_only_now():
     belief.observe(300)
     assert belief.mean_rate(A, 2) == pytest.approx(500 / 600)
     assert belief.mean_rate(B, 2) == pytest.approx(240 / 600)
-    rule = SwitchRule()
+    rule = SwitchRule("expected")
     # While the state lasts (200 s): the 100 iterations A would run, 1 s faster each.
     assert rule.saving_s(A, 2.0, B, 1.0, 1000, belief, 2, 30.0) == pytest.approx(100 - 30)
     assert rule.saving_s(A, 2.0, B, 1.0, 1000, belief, 2, 1e6) == pytest.approx(
@@ -332,7 +333,8 @@ def test_expected_counts_the_way_back_for_a_plan_better_only_now():
 
 
 def test_rules_on_a_current_plan_that_cannot_run():
-    for rule in (SwitchRule(), SwitchRule("persist"), SwitchRule("lookahead", 60.0)):
+    for rule in (SwitchRule(), SwitchRule("expected"), SwitchRule("persist"),
+                 SwitchRule("lookahead", 60.0)):
         assert rule.saving_s(A, math.inf, B, 1.0, 10, _belief(100, 300), 2) == math.inf
         assert rule.remaining_s(A, math.inf, 10, _belief(100, 300), 2) == math.inf
     # A plan that ran nowhere before finishes at its mean throughput, now included.
@@ -341,12 +343,48 @@ def test_rules_on_a_current_plan_that_cannot_run():
     belief = Belief(lambda plan, k: rates[plan][k])
     belief.observe(100)
     belief.observe(100)
-    assert SwitchRule().remaining_s(never, 2.0, 1000, belief, 2) == pytest.approx(
+    assert SwitchRule("expected").remaining_s(never, 2.0, 1000, belief, 2) == pytest.approx(
         100 + (1000 - 50) / (0.5 * 100 / 300))
+
+
+def test_recent_weights_the_past_by_its_recency():
+    """``recent:H``: each past second counts ``2 ** (-age / H)``; states 0 (100 s, 300 s
+    ago at its end) and 1 (300 s, just ended), then the state just entered (2) for the
+    mean duration. A long half-life is ``expected``; a short one believes the latest."""
+    ln2 = math.log(2.0)
+
+    def weight(h, start, end, now=400.0):
+        return h / ln2 * (2 ** (-(now - end) / h) - 2 ** (-(now - start) / h))
+
+    h = 150.0
+    recent = Belief(lambda plan, k: RATES[plan][k], half_life_s=h)
+    for d in (100, 300):
+        recent.observe(d)
+    w0, w1 = weight(h, 0, 100), weight(h, 100, 400)
+    assert recent.mean_rate(A, 2) == pytest.approx(
+        (w0 * 1.0 + w1 * 0.0 + 200 * 0.5) / (w0 + w1 + 200))
+    # The memo decays what it summed: a belief updated state by state agrees with one
+    # built at once.
+    step = Belief(lambda plan, k: RATES[plan][k], half_life_s=h)
+    step.observe(100)
+    step.mean_rate(A, 1)
+    step.observe(300)
+    assert step.mean_rate(A, 2) == pytest.approx(recent.mean_rate(A, 2), rel=1e-12)
+    # State 0, where A ran fastest, is long past: A is believed slower than by expected.
+    assert recent.mean_rate(A, 2) < _belief(100, 300).mean_rate(A, 2)
+    slow = Belief(lambda plan, k: RATES[plan][k], half_life_s=1e9)
+    for d in (100, 300):
+        slow.observe(d)
+    assert slow.mean_rate(A, 2) == pytest.approx(_belief(100, 300).mean_rate(A, 2), rel=1e-6)
+    rule = parse_rule("recent:150")
+    assert rule == SwitchRule("recent", 150.0) and rule.name == "recent:150"
+    assert rule.belief(lambda plan, k: 1.0).half_life_s == 150.0
+    assert SwitchRule("expected").belief(lambda plan, k: 1.0).half_life_s is None
 
 
 @pytest.mark.parametrize("text,rule", [
     ("expected", SwitchRule("expected")),
+    ("recent:600", SwitchRule("recent", 600.0)),
     (" persist ", SwitchRule("persist")),
     ("lookahead", SwitchRule("lookahead", 600.0)),
     ("lookahead:600", SwitchRule("lookahead", 600.0)),
@@ -360,7 +398,8 @@ def test_parse_rule(text, rule):
 
 @pytest.mark.parametrize("text", ["", "eager", "Expected", "persist:5", "lookahead:0",
                                   "lookahead:-5", "lookahead:soon", "lookahead:inf",
-                                  "lookahead:nan"])
+                                  "lookahead:nan", "recent", "recent:", "recent:0",
+                                  "recent:-60", "recent:soon", "recent:inf"])
 def test_parse_rule_errors(text):
     with pytest.raises(ConfigError, match="--switch-rule"):
         parse_rule(text)

@@ -49,10 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "static's and robust's plans, no planner: the re-planners' "
                         "ablation), policy, exact (re-plans with the exact search, planning "
                         "time not charged), exact-rt (charged as stall)")
-    p.add_argument("--switch-rule", default="expected", metavar="RULE",
-                   help="when every strategy switches plans: 'expected' (default: the "
-                        "expected saving over the rest of the run, believing the network "
-                        "behaves as it has so far), 'persist' (the new state lasts) or "
+    p.add_argument("--switch-rule", default="recent:600", metavar="RULE",
+                   help="when every strategy switches plans: 'recent:H' (default "
+                        "recent:600: the expected saving over the rest of the run, "
+                        "believing the network behaves as it has lately, the past weighted "
+                        "with a half-life of H seconds), 'expected' (the same with the "
+                        "whole past alike), 'persist' (the new state lasts) or "
                         "'lookahead:S' (the saving over S seconds); docs/dynamics.md")
     p.add_argument("--node-limit", type=int, default=None, metavar="N",
                    help="search steps of each exact (and robust) re-planning search "

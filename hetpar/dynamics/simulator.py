@@ -24,7 +24,7 @@ from typing import Any
 
 from hetpar.dynamics.scenario import Migration, Timeline
 from hetpar.dynamics.strategies import Planners, Strategy
-from hetpar.dynamics.switching import Belief, SwitchRule
+from hetpar.dynamics.switching import SwitchRule
 from hetpar.plan import Plan
 
 __all__ = ["Progress", "RunResult", "Segment", "SimSettings", "advance", "plan_hosts",
@@ -177,7 +177,7 @@ def simulate(timeline: Timeline, strategy: Strategy, planners: Planners,
         t = planners.iteration_time(p, states[k])
         return 1.0 / t if math.isfinite(t) and t > 0 else 0.0
 
-    belief = Belief(rate)
+    belief = rule.belief(rate)
 
     def pid(p: Plan) -> int:
         return plan_ids.setdefault(p, len(plan_ids))

@@ -228,7 +228,11 @@ def expert_plans(suite: str, indices: Iterable[int], *, objective: str, samples:
                 for i in todo:
                     keep(_expert_one(suite, i, *args))
             else:
-                with ProcessPoolExecutor(cfg.workers, initializer=_worker_init) as pool:
+                from hetpar.procs import thread_safe_context
+
+                # Not fork: the trainer holds torch's threads, and a Ray driver's.
+                with ProcessPoolExecutor(cfg.workers, mp_context=thread_safe_context(),
+                                         initializer=_worker_init) as pool:
                     futures = [pool.submit(_expert_one, suite, i, *args) for i in todo]
                     try:
                         for fut in as_completed(futures):

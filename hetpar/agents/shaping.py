@@ -115,7 +115,10 @@ def reference_table(suite: str, count: int, *, objective: str, samples: int,
         if workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
-            with ProcessPoolExecutor(workers) as pool:
+            from hetpar.procs import thread_safe_context
+
+            # Not fork: the trainer holds torch's threads (hetpar/procs.py).
+            with ProcessPoolExecutor(workers, mp_context=thread_safe_context()) as pool:
                 values = list(pool.map(_metis_value, jobs, chunksize=8))
         else:
             values = [_metis_value(job) for job in jobs]

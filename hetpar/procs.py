@@ -4,7 +4,8 @@ A process that holds threads (torch's, a Ray driver's gRPC and core-worker threa
 training loop's) must not fork: the child inherits locks held by threads that do not
 exist in it, and a driver's open connections. The trainer's expert-plan and reward
 pools start their workers from a fork server instead (spawned where there is none),
-which has the solvers imported once.
+which has the solvers imported once; so does the isolated exact search
+(``hetpar/solvers/isolated.py``).
 """
 
 from __future__ import annotations

@@ -706,23 +706,29 @@ class CostModel:
         flat = splits + np.arange(frame.num_stages) * tables.work.shape[1]
         stage_s = tables.work.take(flat)  # (N, p)
         feasible = _row_all(tables.fits.take(flat))
+        # Terms one per row, with no sample axis: the floor and the full score share them.
+        intra = _row_max(tables.intra.take(flat))
+        opt_s = _row_max(tables.opt.take(flat)) + self.framework.iteration_overhead_s
         n = len(splits)
         if math.isfinite(cutoff) and n:
-            keep = feasible & (self._split_floor(frame, tables, flat, stage_s)
+            keep = feasible & (self._split_floor(frame, stage_s, intra, opt_s)
                                <= cutoff * (1.0 + _CUTOFF_SLACK))
             rows = np.flatnonzero(keep)
             if len(rows) < n:
                 totals = np.full((n, frame.boundary_total.shape[0]), np.inf)
                 if len(rows):
                     totals[rows] = self._split_totals(frame, tables, flat[rows],
-                                                      stage_s[rows])
+                                                      stage_s[rows], intra[rows],
+                                                      opt_s[rows])
                 return totals, keep
-        return self._split_totals(frame, tables, flat, stage_s), feasible
+        return self._split_totals(frame, tables, flat, stage_s, intra, opt_s), feasible
 
     def _split_totals(self, frame: PlanFrame, tables: SplitTables, flat: np.ndarray,
-                      stage_s: np.ndarray) -> np.ndarray:
+                      stage_s: np.ndarray, intra: np.ndarray, opt_s: np.ndarray,
+                      ) -> np.ndarray:
         """``score_splits``' seconds ((N, K)) of the rows whose flat table indices are
-        ``flat`` and stage seconds ``stage_s`` ((N, p))."""
+        ``flat``, stage seconds ``stage_s`` ((N, p)), slowest intra-host all-reduce
+        ``intra`` and optimizer step plus fixed overhead ``opt_s`` ((N,) each)."""
         m = frame.micro_batches
         transfers = frame.cycle_transfers
         if transfers.shape[0] == 1:
@@ -731,32 +737,27 @@ class CostModel:
             cycle = _max_over(stage_s, transfers, np.add)
         total = pipeline_total(stage_s.sum(axis=1)[:, None], frame.boundary_total[None, :],
                                cycle, m, frame.virtual_stages)
-        dp_time = _row_max(tables.intra.take(flat))[:, None]
+        dp_time = intra[:, None]
         if frame.dp_fixed.size:
             params = tables.params.take(flat)
             loads = params @ frame.dp_per_param.T + frame.dp_fixed  # (N, C)
             dp_time = dp_time + (_max_over(loads, frame.dp_inv_bw, np.multiply)
                                  + frame.dp_latency)
-        opt_s = _row_max(tables.opt.take(flat))[:, None]
-        return total + dp_time + (opt_s + self.framework.iteration_overhead_s)
+        return total + dp_time + opt_s[:, None]
 
-    def _split_floor(self, frame: PlanFrame, tables: SplitTables, flat: np.ndarray,
-                     stage_s: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _split_floor(frame: PlanFrame, stage_s: np.ndarray, intra: np.ndarray,
+                     opt_s: np.ndarray) -> np.ndarray:
         """A lower bound ((N,)) of every sample of ``_split_totals``: the same terms in the
         same order, each sample's transfers replaced by the least over the samples and the
         all-reduce across hosts by its latency (every operation is monotone, so the bound
         holds in floating point too)."""
-        least = frame.cycle_transfers.min(axis=0)
-        cycle = stage_s[:, 0] + least[0]
-        for i in range(1, stage_s.shape[1]):
-            np.maximum(cycle, stage_s[:, i] + least[i], out=cycle)
+        least = frame.cycle_transfers.min(axis=0, keepdims=True)  # (1, p)
+        cycle = _max_over(stage_s, least, np.add)[:, 0]
         total = pipeline_total(stage_s.sum(axis=1), float(frame.boundary_total.min()), cycle,
                                frame.micro_batches, frame.virtual_stages)
-        dp_time = _row_max(tables.intra.take(flat))
-        if frame.dp_fixed.size:
-            dp_time = dp_time + frame.dp_latency
-        opt_s = _row_max(tables.opt.take(flat))
-        return total + dp_time + (opt_s + self.framework.iteration_overhead_s)
+        dp_time = intra + frame.dp_latency if frame.dp_fixed.size else intra
+        return total + dp_time + opt_s
 
     def with_constants(self, constants: CostConstants) -> CostModel:
         """The same cluster, model, training and bandwidth states under other constants

@@ -164,23 +164,23 @@ def parse_rule(text: str) -> SwitchRule:
     if text in ("expected", "persist"):
         return SwitchRule(text)
     if text.startswith("recent:"):
-        try:
-            half = float(text.partition(":")[2] or "nan")
-        except ValueError:
-            half = -1.0
-        if not (math.isfinite(half) and half > 0):
-            raise ConfigError("--switch-rule", "", f"recent:H needs a positive half-life in "
-                                                   f"seconds, got {text!r}")
-        return SwitchRule("recent", half)
-    if text == "lookahead" or text.startswith("lookahead:"):
-        _, _, arg = text.partition(":")
-        try:
-            window = 600.0 if text == "lookahead" else float(arg or "nan")
-        except ValueError:
-            window = -1.0
-        if not (math.isfinite(window) and window > 0):
-            raise ConfigError("--switch-rule", "", f"lookahead:S needs a positive number of "
-                                                   f"seconds, got {text!r}")
-        return SwitchRule("lookahead", window)
+        return SwitchRule("recent", _seconds(text, "recent:H needs a positive half-life in "
+                                                   "seconds"))
+    if text == "lookahead":
+        return SwitchRule("lookahead", 600.0)
+    if text.startswith("lookahead:"):
+        return SwitchRule("lookahead", _seconds(text, "lookahead:S needs a positive number "
+                                                      "of seconds"))
     raise ConfigError("--switch-rule", "", f"unknown rule {text!r} (known: "
                                            f"{', '.join(RULES)})")
+
+
+def _seconds(text: str, need: str) -> float:
+    """The positive, finite number of seconds after the colon of ``text``."""
+    try:
+        value = float(text.partition(":")[2] or "nan")
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError("--switch-rule", "", f"{need}, got {text!r}")
+    return value

@@ -262,14 +262,14 @@ def _exact_search(cm: CostModel, space: PlanSpace, obj: Objective, workers: int,
                   timings: dict[str, float], runtime: str = "any",
                   node_limit: int | None = None) -> Solution:
     start = time.perf_counter()
+    if not certify:
+        return _deadline_search(cm, space, obj, time_limit, starts, timings, runtime,
+                                node_limit)
     deadline = time.time() + time_limit if time_limit else math.inf
     # The baselines' seeds get the limit, or the bound's grace where that is longer (a
     # limit of a fraction of a second still answers no worse than them on small clusters).
     seeds_until = (max(deadline, time.time() + report_grace(time_limit)) if time_limit
                    else math.inf)
-    if not certify:
-        return _deadline_search(cm, space, obj, time_limit, starts, timings, runtime,
-                                node_limit)
     # The first level is listed, ranked and sorted where it is small enough; else its
     # stages are taken lazily, in order of their GPU count (``LIST_STAGES``).
     first_level = space.count_stage_choices(space.capacity)

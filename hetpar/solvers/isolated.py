@@ -61,18 +61,16 @@ def run_isolated(problem: Problem, methods: tuple[str, ...] = ("exact",), *,
     ``time_limit`` (default max(30, time_limit) seconds), counted from the child's start,
     whatever is still running; its address space is capped at ``memory_gib`` GiB (0: no
     cap). Returns every method's ``IsolatedResult``, in the order given."""
-    import multiprocessing as mp
     import os
     import signal
+
+    from hetpar.procs import thread_safe_context
 
     grace = max(30.0, time_limit) if grace_s is None else grace_s
     hard = time_limit + grace
     # Not fork: the caller may hold threads (torch, a training loop). Children fork from
     # a server that has the solvers imported (once per process).
-    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    ctx: Any = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["hetpar.solvers.api", "hetpar.problem"])
+    ctx = thread_safe_context()
     recv, send = ctx.Pipe(duplex=False)
     # A fresh copy: the cost model and plan space it may hold are rebuilt in the child
     # rather than pickled.

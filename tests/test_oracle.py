@@ -233,6 +233,7 @@ def test_cli_replan_rule_and_checkpoint_flags(tmp_path, capsys):
     (["--switch-rule", "eager"], "--switch-rule"),
     (["--switch-rule", "lookahead:0"], "--switch-rule"),
     (["--switch-rule", "lookahead:soon"], "--switch-rule"),
+    (["--switch-rule", "recent:0"], "--switch-rule"),
     (["--lookahead", "0"], "--lookahead"),
     (["--checkpoint-interval", "-5"], "--checkpoint-interval"),
 ])

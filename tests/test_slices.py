@@ -137,6 +137,38 @@ def test_expanded_plans_are_the_slice_plan_run_width_times():
     assert math.isfinite(problem.value(plan))
 
 
+def test_a_megatron_slice_plan_expands_along_a_host_order():
+    """Stages sharing a slice host would share all the hosts it stands for under
+    ``expand``; ``expand_in_order`` fills the members one after another instead, so a
+    plan Megatron-LM runs on the slice is one it runs on the cluster, with the same
+    degrees and layers."""
+    from hetpar.plan import Plan, Replica, Stage
+    from hetpar.runtime.rules import check_plan, host_runs
+
+    doc = _cluster()
+    doc["hosts"] = doc["hosts"][:1]
+    doc["hosts"][0]["count"] = 16
+    problem = _problem(doc, batch=64)
+    sl = slice_problem(problem, 4)
+    assert sl.width == 4
+    a, b, c, d = list(sl.members)[:4]
+    # Four stages of 2 replicas of TP 2 over slice hosts a | a b | b c | c d.
+    small = Plan((Stage(6, 2, (Replica(a, (0, 1)), Replica(a, (2, 3)))),
+                  Stage(6, 2, (Replica(a, (4, 5)), Replica(b, (0, 1)))),
+                  Stage(6, 2, (Replica(b, (2, 3)), Replica(c, (0, 1)))),
+                  Stage(6, 2, (Replica(c, (2, 3)), Replica(d, (0, 1))))), 8, "full", 1)
+    assert check_plan(small, "megatron") == []
+    assert check_plan(sl.expand(small), "megatron")  # the plain expansion breaks the order
+    order = host_runs([[r.host for r in st.replicas] for st in small.stages])
+    big = sl.expand_in_order(small, order)
+    assert check_plan(big, "megatron") == []
+    validate_plan(big, problem.cluster, problem.model, problem.training)
+    for s, g in zip(small.stages, big.stages):
+        assert (g.layers, g.tp, g.dp) == (s.layers, s.tp, s.dp * sl.width)
+    gpus = [(r.host, x) for st in big.stages for r in st.replicas for x in r.gpus]
+    assert len(gpus) == len(set(gpus))  # no GPU taken twice
+
+
 def test_hosts_of_assorted_nics_are_sliced_by_gpu_type():
     doc = _cluster(a=64, v=0)
     doc["hosts"] = [{"name": f"a{i}", "gpu": "A100-SXM4-80GB", "gpus": 8,
@@ -181,6 +213,18 @@ def test_the_policy_plans_a_cluster_larger_than_it_observes(shipped):
     assert again.plan == sol.plan  # deterministic
     raw = planning.plan(problem, "policy-raw", policy=shipped, slice_sizes=(16,))
     assert [t["slice_hosts"] <= 16 for t in raw.details["slices"]["tried"]] == [True]
+
+
+def test_the_policy_plans_a_large_cluster_under_a_runtime(shipped):
+    from hetpar.agents import planning
+    from hetpar.runtime.rules import check_plan
+
+    problem = _problem(_cluster())
+    for runtime in ("megatron", "deepspeed"):
+        sol = planning.plan(problem, "policy-greedy", policy=shipped, runtime=runtime)
+        assert check_plan(sol.plan, runtime) == []
+        validate_plan(sol.plan, problem.cluster, problem.model, problem.training)
+        assert sol.value == problem.value(sol.plan)
 
 
 def test_test_xl_instances_are_large_and_planned_in_slices(shipped):

@@ -228,7 +228,7 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
                      incumbent: float = math.inf,
                      budget_s: float | None = None,
                      improve_evaluations: int = 0,
-                     speculate: int = SPECULATE) -> Solution:
+                     speculate: int = SPECULATE, runtime: str = "any") -> Solution:
     """One deterministic masked rollout of ``bundle``'s policy on ``problem``.
 
     The plan is scored by ``problem`` (its objective over its bandwidth states; make one
@@ -255,7 +255,10 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     stop ``BUDGET_MARGIN_S`` before the budget is spent and keep the best plan found so
     far (the rollout is not cut; the plan then depends on the machine's speed). ``speculate``
     is how many states one forward pass of the single rollout scores (``_greedy``; 1: one
-    state per pass, the same plan more slowly). Raises ConfigError
+    state per pass, the same plan more slowly). ``runtime`` (``hetpar.runtime.rules``): the
+    environment's masks allow only plans that framework runs, and the refinement keeps to
+    its layer splits; the structure search, which moves outside such plans, is not run
+    (``details["improve_skipped"]`` says so). Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -280,6 +283,9 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         raise ConfigError("", "beam", f"must be at least 1, got {beam}")
     if speculate < 1:
         raise ConfigError("", "speculate", f"must be at least 1, got {speculate}")
+    from hetpar.runtime.rules import get_runtime
+
+    restricted = not get_runtime(runtime).unrestricted
     kwargs.pop("bandwidth", None)
     # The environment sees as many states as the problem scores: its robust objective
     # is the problem's.
@@ -287,11 +293,12 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
 
     start = called = time.perf_counter()
     key = (inst.cluster.topology_key, id(inst.model), id(inst.training), id(constants),
-           bundle.max_hosts, obj, tuple(sorted(kwargs.items())))
+           bundle.max_hosts, obj, tuple(sorted(kwargs.items())), runtime)
     kept = cache.get(key) if cache is not None else None
     if kept is None:
         env = PlanBuilderEnv([inst], max_hosts=bundle.max_hosts, objective=obj.name,
-                             bandwidth="robust", constants=constants, **kwargs)
+                             bandwidth="robust", constants=constants, runtime=runtime,
+                             **kwargs)
         cm = problem.cost_model
         if cache is not None:
             cache.put(key, env, cm)
@@ -364,7 +371,7 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
                     break  # spent (the rollout alone may take it all): keep what is held
                 limit = left if limit is None else min(limit, left)
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
-                              time_limit=limit, beat=min(best, incumbent))
+                              time_limit=limit, beat=min(best, incumbent), runtime=runtime)
             evaluations += ref.evaluations
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete
@@ -377,7 +384,9 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     # with the best plan so far), so the budget bounds the whole call as documented.
     improve_limit = (None if budget_s is None else
                      budget_s - BUDGET_MARGIN_S - (time.perf_counter() - called))
-    if improve_evaluations > 0 and (improve_limit is None or improve_limit > 0.0):
+    improve_skipped = restricted and improve_evaluations > 0
+    if improve_evaluations > 0 and not restricted and \
+            (improve_limit is None or improve_limit > 0.0):
         from hetpar.solvers.local_search import improve_structure
 
         t0 = time.perf_counter()
@@ -399,6 +408,11 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         "env_value": env_value if math.isfinite(env_value) else None,
         "refine_complete": complete, "improve_evaluations": improve_evaluations,
         "improve_moves": moves, "improved_from": improved_from}
+    if restricted:
+        details["runtime"] = runtime
+    if improve_skipped:
+        details["improve_skipped"] = (f"the structure search moves outside the plans "
+                                      f"{runtime} runs")
     # ``forward`` is a part of ``inference``; the others add up to the planner's time
     # (scoring the candidates and the final estimate aside).
     timings = {"setup": setup_s, "inference": inference_s, "forward": forward_s,

@@ -21,6 +21,7 @@ from hetpar.errors import ConfigError, InfeasibleError
 from hetpar.problem import Problem
 from hetpar.problem.slices import Slicing, slice_problem
 from hetpar.problem.solution import Solution
+from hetpar.runtime.rules import check_plan, host_runs
 
 __all__ = ["SLICE_SIZES", "plan_on_slices"]
 
@@ -58,6 +59,7 @@ def plan_on_slices(bundle: Any, problem: Problem, *, method: str,
     for key in _WHOLE_ONLY:
         settings.pop(key, None)
     budget = settings.pop("budget_s", None)
+    runtime = settings.get("runtime", "any")
     cuts = slicings(problem, bundle.max_hosts, sizes)
     if not cuts:  # the widest slice asked for: its error says why
         slice_problem(problem, min(max(sizes), bundle.max_hosts))
@@ -79,7 +81,14 @@ def plan_on_slices(bundle: Any, problem: Problem, *, method: str,
             continue
         assert sol.plan is not None  # the policy's masks guarantee a plan that fits
         t0 = time.perf_counter()
-        plan = sl.expand(sol.plan)
+        order = None if runtime == "any" else host_runs(
+            [[r.host for r in st.replicas] for st in sol.plan.stages])
+        plan = sl.expand(sol.plan) if order is None else sl.expand_in_order(sol.plan, order)
+        cannot = check_plan(plan, runtime)
+        if cannot:
+            reasons.append(f"{len(sl.members)} hosts of width {sl.width}: the expanded plan "
+                           f"breaks {runtime}'s rules ({cannot[0]})")
+            continue
         value = problem.value(plan)
         whole_s += time.perf_counter() - t0
         evaluations += sol.evaluations + 1
@@ -89,7 +98,8 @@ def plan_on_slices(bundle: Any, problem: Problem, *, method: str,
         if best is None or value < best[0]:
             best = (value, sl, sol, plan)
     if best is None or not math.isfinite(best[0]):
-        raise InfeasibleError(f"{problem.model.name} fits no replica slice of the cluster: "
+        raise InfeasibleError(f"{problem.model.name} fits no replica slice of the cluster"
+                              f"{'' if runtime == 'any' else ' that ' + runtime + ' runs'}: "
                               + "; ".join(reasons or ["every expanded plan overflows"]))
     value, sl, sol, plan = best
     timings["slicing"] = whole_s

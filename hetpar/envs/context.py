@@ -13,10 +13,12 @@ from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel
 from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
 from hetpar.envs.feasibility import Completions, HostClasses
+from hetpar.envs.runtime_feasibility import RuntimeCompletions
 from hetpar.errors import ConfigError, InfeasibleError
 from hetpar.problem.instance import Instance
 from hetpar.problem.problem import Problem
 from hetpar.problem.space import PlanSpace
+from hetpar.runtime.rules import RUNTIMES, Runtime
 
 __all__ = ["InstanceContext", "bandwidth_seed"]
 
@@ -62,11 +64,19 @@ class InstanceContext:
     _any_m: dict[tuple[str, int], bool] = field(default_factory=dict)
     witness: bool = True  # oracles try a greedy completion before searching
     samples: int = 0  # bandwidth states of ``cm`` (0: each link's mean)
+    # The framework the plans must run on: the masks allow its plans only.
+    runtime: Runtime = RUNTIMES["any"]
+    _rt_oracles: dict[tuple[str, int, int], RuntimeCompletions] = field(default_factory=dict)
 
     @classmethod
     def build(cls, instance: Instance, *, samples: int, constants: CostConstants | None,
-              max_micro: int, witness: bool = True) -> InstanceContext:
+              max_micro: int, witness: bool = True,
+              runtime: Runtime = RUNTIMES["any"]) -> InstanceContext:
         cluster, training = instance.cluster, instance.training
+        if training.sequence_parallel and not runtime.sequence_parallel:
+            raise ConfigError(
+                "training", "sequence_parallel", f"runtime {runtime.name} has no sequence "
+                f"parallelism; training spec {training.name} asks for it")
         if not set(training.zero_stages) & set(ZERO_STAGES):
             raise ConfigError(
                 "training", "zero", f"the environment's actions choose ZeRO "
@@ -88,7 +98,7 @@ class InstanceContext:
                    cm.model_flops_per_iter / peak,
                    np.array([h.num_gpus for h in cluster.hosts], dtype=np.float32),
                    np.array(classes.of_host, dtype=np.int64), witness=witness,
-                   samples=samples)
+                   samples=samples, runtime=runtime)
 
     def rebind(self, instance: Instance) -> InstanceContext:
         """This context for ``instance``, a cluster of the same topology (hosts, links,
@@ -132,6 +142,15 @@ class InstanceContext:
                                                    witness=self.witness)
         return hit
 
+    def runtime_oracle(self, recompute: str, zero: int, m: int) -> RuntimeCompletions:
+        """The completion answers under ``runtime`` (which must restrict the space)."""
+        key = (recompute, zero, m)
+        hit = self._rt_oracles.get(key)
+        if hit is None:
+            hit = self._rt_oracles[key] = RuntimeCompletions(self.oracle(recompute, zero, m),
+                                                             self.runtime)
+        return hit
+
     def allowed_memory_option(self, recompute: str, zero: int) -> bool:
         """Whether some micro-batch count completes a plan with these memory options."""
         if recompute not in self.space.recompute_modes or zero not in self.space.zero_stages:
@@ -149,7 +168,11 @@ class InstanceContext:
 
     def micro_feasible(self, recompute: str, zero: int, m: int) -> bool:
         layers = self.cm.model.layers
-        return self.oracle(recompute, zero, m).closed(self.full_free, 0, 1 << layers)
+        if not self.oracle(recompute, zero, m).closed(self.full_free, 0, 1 << layers):
+            return False
+        if self.runtime.unrestricted:
+            return True
+        return self.runtime_oracle(recompute, zero, m).closed((), self.full_free, layers)
 
     def feasible_micro(self, recompute: str, zero: int) -> tuple[int, ...]:
         key = (recompute, zero)
@@ -162,9 +185,10 @@ class InstanceContext:
     def check_feasible(self) -> None:
         if not any(self.allowed_memory_option(rc, z)
                    for rc in RECOMPUTE_MODES for z in ZERO_STAGES):
+            what = "" if self.runtime.unrestricted else f" that {self.runtime.name} can run"
             raise InfeasibleError(
                 f"instance {self.instance.name}: no feasible plan: {self.cm.model.name} fits on "
-                f"no plan of cluster {self.cluster.name} with training "
+                f"no plan{what} of cluster {self.cluster.name} with training "
                 f"{self.instance.training.name}")
 
 

@@ -20,6 +20,8 @@ point (see ``feasibility.py``).
 completed, so every episode ends with a feasible plan, and every feasible plan of the
 space (with at most ``max_hosts`` hosts, ``max_layers`` per stage and a micro-batch
 count among the first ``max_micro`` divisors) is reachable: ``actions_for(plan)``.
+With ``runtime="megatron"`` or ``"deepspeed"`` the masks allow only plans that framework
+runs (one TP and DP degree, a host order, its layer split; ``runtime_feasibility.py``).
 
 **Observation** (``Dict`` of ``Box`` in [0, 1]; the columns are named and scaled in
 ``types.py``): ``hosts`` (max_hosts x host features: GPU figures, free GPUs, the partial
@@ -76,6 +78,7 @@ from hetpar.problem.instance import Instance
 from hetpar.errors import ConfigError, InfeasibleError, PlanError
 from hetpar.plan import Plan
 from hetpar.problem.space import StageChoice
+from hetpar.runtime.rules import get_runtime
 
 __all__ = ["CACHE_SIZE", "PlanBuilderEnv"]
 
@@ -134,7 +137,8 @@ class PlanBuilderEnv(gym.Env):
                  max_tp: int = 16, render_mode: str | None = None,
                  constants: CostConstants | None = None, cache_size: int = CACHE_SIZE,
                  invalid_action_reward: float = -1.0, max_invalid_actions: int = 32,
-                 mask_witness: bool = True) -> None:
+                 mask_witness: bool = True, runtime: str = "any") -> None:
+        self.runtime = get_runtime(runtime)
         if bandwidth not in ("sampled", "robust"):
             raise ConfigError("", "bandwidth", f"expected 'sampled' or 'robust', got {bandwidth!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -184,7 +188,7 @@ class PlanBuilderEnv(gym.Env):
         ctx = InstanceContext.build(inst, samples=max(self.samples, 1) if
                                     self.bandwidth_mode == "robust" else 0,
                                     constants=self.constants, max_micro=self.layout.max_micro,
-                                    witness=self.mask_witness)
+                                    witness=self.mask_witness, runtime=self.runtime)
         ctx.check_feasible()
         self._install(index, ctx)
         if len(self._cache) > self._cache_size:
@@ -234,6 +238,7 @@ class PlanBuilderEnv(gym.Env):
                 self.bandwidth_mode == other.bandwidth_mode and
                 self.constants == other.constants and self.layout == other.layout and
                 self.mask_witness == other.mask_witness and
+                self.runtime == other.runtime and
                 _identity(self.source.get(0)) == _identity(other.source.get(0)))
         if not same:
             return False
@@ -598,9 +603,13 @@ class PlanBuilderEnv(gym.Env):
     def _mask_key(self) -> tuple:
         ep = self._ep
         assert ep is not None
-        return (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
-                min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
-                ep.open_dp)
+        key = (ep.phase, ep.recompute, ep.zero, ep.micro_batches, tuple(ep.free),
+               min(len(ep.built), ep.micro_batches), ep.layers_left, ep.open_cls, ep.open_tp,
+               ep.open_dp)
+        if self.runtime.unrestricted:
+            return key
+        # A runtime's rules read which hosts each stage used and the split so far.
+        return key + (tuple(ep.built), tuple(sorted(ep.open_blocks.items())))
 
     def _tp_allowed(self, tp: int) -> bool:
         return bool(self._host_options(tp, first_only=True).any())
@@ -615,6 +624,9 @@ class PlanBuilderEnv(gym.Env):
         ``first_only``, stop at the first such host)."""
         ep = self._ep
         assert ep is not None
+        if not self.runtime.unrestricted:
+            return ep.ctx.runtime_oracle(ep.recompute, ep.zero, ep.micro_batches).host_options(
+                ep.built, ep.free, ep.open_cls, tp, ep.open_blocks, ep.layers_left, first_only)
         ctx, oracle = ep.ctx, self._oracle()
         n = len(ctx.cluster.hosts)
         out = np.zeros(n, dtype=bool)
@@ -647,6 +659,10 @@ class PlanBuilderEnv(gym.Env):
     def _layer_options(self) -> np.ndarray:
         ep = self._ep
         assert ep is not None
+        if not self.runtime.unrestricted:
+            return ep.ctx.runtime_oracle(ep.recompute, ep.zero, ep.micro_batches).close_options(
+                ep.built, ep.free, ep.open_cls, ep.open_tp, ep.open_blocks, ep.layers_left,
+                self.layout.max_layers)
         oracle = self._oracle()
         j, want = len(ep.built), ep.layers_left
         cls, tp, dp = ep.open_cls, ep.open_tp, ep.open_dp

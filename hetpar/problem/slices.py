@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -100,6 +101,37 @@ class Slicing:
                 by_host[rep.host].append(rep)
             replicas = [Replica(member, rep.gpus) for host, reps in by_host.items()
                         for member in self.members[host] for rep in reps]
+            stages.append(Stage(stage.layers, stage.tp, tuple(replicas)))
+        return replace(plan, stages=tuple(stages))
+
+    def expand_in_order(self, plan: Plan, order: Sequence[Sequence[object]]) -> Plan:
+        """``expand`` for a plan whose stages lie along an order of the slice's hosts
+        (``order[i]``: stage i's hosts in that order, as ``runtime.rules.host_runs`` gives
+        them). Each stage takes ``width`` times its blocks on a slice host from that host's
+        members one after another, continuing where the stage before stopped, so the
+        expanded stages lie along an order of the cluster's hosts (a framework's rank
+        order) with the same degrees: ``expand`` instead puts every stage sharing a slice
+        host on all ``width`` hosts it stands for, which no rank order can lay out."""
+        cluster = self.full.cluster
+        used: dict[str, int] = defaultdict(int)  # GPUs taken on each member, in order
+        at: dict[str, int] = defaultdict(int)  # the member each slice host is filling
+        stages = []
+        for stage, hosts in zip(plan.stages, order):
+            blocks: dict[str, int] = defaultdict(int)
+            for rep in stage.replicas:
+                blocks[rep.host] += 1
+            replicas: list[Replica] = []
+            for host in map(str, hosts):
+                need, members = blocks[host] * self.width, self.members[host]
+                while need:
+                    member = members[at[host]]
+                    if used[member] + stage.tp > cluster.host(member).num_gpus:
+                        at[host] += 1
+                        continue
+                    replicas.append(Replica(member, tuple(range(used[member],
+                                                                used[member] + stage.tp))))
+                    used[member] += stage.tp
+                    need -= 1
             stages.append(Stage(stage.layers, stage.tp, tuple(replicas)))
         return replace(plan, stages=tuple(stages))
 

@@ -59,16 +59,18 @@ def complete_structure(cm: CostModel, space: PlanSpace, objective: Objective,
                        stages: tuple[StageChoice, ...], *, max_steps: int | None = None,
                        time_limit: float | None = None, beat: float = math.inf,
                        bounds: Bounds | None = None,
-                       max_evaluations: int | None = None) -> Completion:
+                       max_evaluations: int | None = None, runtime: str = "any") -> Completion:
     """The best (micro-batches, recompute, layer split) of the structure ``stages``
     whose value is below ``beat``, by the exact search's layer-split subroutine, within
     ``max_steps`` search nodes and about ``max_evaluations`` scored completions (checked
     at each node: one node may score a block of up to ``exact.ENUMERATE_SPLITS``).
     ``bounds`` (``make_bounds`` of the same cost model, space and objective) carries
     its stage profiles over from call to call: building them costs more than most
-    completions."""
+    completions. ``runtime``: only the layer splits and ZeRO stages that framework runs
+    (``hetpar.runtime.rules``; the structure must be one it runs)."""
     deadline = time.time() + time_limit if time_limit is not None else math.inf
-    searcher = BudgetSearcher(SearchProblem(cm, space, objective, deadline, beat),
+    searcher = BudgetSearcher(SearchProblem(cm, space, objective, deadline, beat,
+                                            runtime=runtime),
                               LocalIncumbent(beat), bounds=bounds, max_steps=max_steps,
                               max_evaluations=max_evaluations)
     complete = True
@@ -84,7 +86,8 @@ def complete_structure(cm: CostModel, space: PlanSpace, objective: Objective,
 
 def refine_plan(cm: CostModel, space: PlanSpace, objective: Objective, plan: Plan, *,
                 max_steps: int | None = None, time_limit: float | None = None,
-                beat: float = math.inf, bounds: Bounds | None = None) -> Refinement:
+                beat: float = math.inf, bounds: Bounds | None = None,
+                runtime: str = "any") -> Refinement:
     """The best (micro-batches, recompute, layer split) for ``plan``'s stages and hosts.
 
     ``plan`` must lie in ``space`` (``PlanSpace.decompose`` raises PlanError otherwise).
@@ -97,7 +100,8 @@ def refine_plan(cm: CostModel, space: PlanSpace, objective: Objective, plan: Pla
     core = cm.core(plan)
     before = objective.score(core.total, core.feasible)
     done = complete_structure(cm, space, objective, stages, max_steps=max_steps,
-                              time_limit=time_limit, beat=min(before, beat), bounds=bounds)
+                              time_limit=time_limit, beat=min(before, beat), bounds=bounds,
+                              runtime=runtime)
     best, value = plan, before
     if done.plan is not None and done.value < before:
         best, value = done.plan, done.value

@@ -123,16 +123,12 @@ class RuntimeCompletions:
                 ) -> tuple[list[int], frozenset[int], Any, tuple[int, int] | None]:
         """(free GPUs with finished hosts at 0, going-on hosts, split state, fixed (tp, dp))."""
         going: frozenset[int] = frozenset()
-        done: set[int] = set()
+        usable = list(free)
         sst: Any = None
         for j, (st, k) in enumerate(built):
-            hosts = frozenset(st.hosts)
-            entry = hosts & going
-            done |= going - entry
-            going = hosts if len(hosts) == 1 else hosts - entry
-            done |= hosts - going
+            hosts = set(st.hosts)
+            going = self._close_hosts(usable, going, hosts, next(iter(hosts & going), None))
             sst = self._after(sst, j, k)
-        usable = [0 if h in done else f for h, f in enumerate(free)]
         fixed = (built[0][0].tp, built[0][0].dp) if built else None
         return usable, going, sst, fixed
 
@@ -284,13 +280,8 @@ class RuntimeCompletions:
     def _closing(self, usable: Sequence[int], going: frozenset[int], blocks: dict[int, int],
                  entry: int | None) -> tuple[list[int], frozenset[int]]:
         """Free GPUs and going-on hosts once the open stage closes."""
-        hosts = frozenset(blocks)
-        nxt_going = hosts if len(hosts) == 1 else hosts - {entry}
-        done = (going - {entry}) | (hosts - nxt_going)
         nxt = list(usable)
-        for h in done:
-            nxt[h] = 0
-        return nxt, nxt_going
+        return nxt, self._close_hosts(nxt, going, set(blocks), entry)
 
     def _upper(self, usable: Sequence[int], j: int, extra: float = 0.0) -> int:
         return self.base.upper(usable, j, extra)
@@ -542,7 +533,9 @@ class RuntimeCompletions:
 
     def _close_hosts(self, free: list[int], going: frozenset[int], hosts: set[int],
                      entry: int | None) -> frozenset[int]:
-        """``_closing`` in place on ``free``: the new going-on hosts."""
+        """Close a stage on ``hosts`` that continued on ``entry`` (None: on no host of the
+        stage before): the hosts it finishes get no free GPUs in ``free``; returns the
+        going-on hosts the next stage may continue on."""
         nxt = frozenset(hosts) if len(hosts) == 1 else frozenset(hosts) - {entry}
         for h in (going - {entry}) | (frozenset(hosts) - nxt):
             free[h] = 0

@@ -283,9 +283,6 @@ class RuntimeCompletions:
         nxt = list(usable)
         return nxt, self._close_hosts(nxt, going, set(blocks), entry)
 
-    def _upper(self, usable: Sequence[int], j: int, extra: float = 0.0) -> int:
-        return self.base.upper(usable, j, extra)
-
     def _fits(self, usable: Sequence[int], j: int, r: int, sst: Any,
               fixed: tuple[int, int] | None, open_dp: int = 0) -> bool:
         """A necessary condition for placing ``r`` layers from index ``j`` once the
@@ -346,7 +343,7 @@ class RuntimeCompletions:
         if hit is not None:
             return hit
         ok = False
-        if r <= self._upper(usable, j) and self._fits(usable, j, r, sst, fixed):
+        if r <= self.base.upper(usable, j) and self._fits(usable, j, r, sst, fixed):
             self._tick()
             base = self.base
             for c in range(len(base.classes.members)):
@@ -385,7 +382,7 @@ class RuntimeCompletions:
             return hit
         base = self.base
         ok = False
-        if r <= self._upper(usable, j, tp * dp * base.density(cls, j)) and \
+        if r <= base.upper(usable, j, tp * dp * base.density(cls, j)) and \
                 self._fits(usable, j, r, sst, fixed, dp):
             self._tick()
             ok = self._close_any(usable, going, j, r, sst, fixed, cls, tp, blocks, entry)
@@ -497,8 +494,8 @@ class RuntimeCompletions:
                 pool = sorted(blocks, key=lambda h: -free[h]) + [
                     h for h in self._eligible(cls, tp)
                     if h not in blocks and h not in going and free[h]]
-                for h in pool:
-                    while need and free[h] >= tp and h in self._eligible(cls, tp):
+                for h in pool:  # the stage's own hosts are eligible already
+                    while need and free[h] >= tp:
                         free[h] -= tp
                         added.append(h)
                         need -= 1

@@ -632,9 +632,11 @@ class _Beam:
     greedy: bool  # every action so far was the most likely one
     obs: dict[str, np.ndarray]  # its observation and action masks, kept from the step
     masks: np.ndarray           # that reached it (restoring does not rebuild them)
+    first: int = -1  # the action taken at the root on the way here (-1 at the root)
 
 
 def _beam_search(env: SearchEnv, forward: Forward, bundle: PolicyLike, width: int,
+                 firsts: list[int] | None = None,
                  ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
     """Beam search over action sequences by the policy's log-probability: at each depth
     every live beam proposes its ``width`` most likely allowed actions, and the ``width``
@@ -642,11 +644,15 @@ def _beam_search(env: SearchEnv, forward: Forward, bundle: PolicyLike, width: in
     the result is never worse than ``beam=1``). Children that reach a state already in the
     beam (blocks added in another order) are dropped, and so are actions whose logits tie
     exactly with a kept one (interchangeable hosts, alike for an equivariant policy). One
-    batched forward pass per depth. Returns every finished plan, the greedy one first."""
+    batched forward pass per depth. Returns every finished plan, the greedy one first;
+    ``firsts``, where given, receives the action each of them took at the root, in the
+    same order (the labels of ``hetpar.agents.dagger``)."""
     root = env.snapshot()
     beams = [_Beam(0.0, root, True, env.restore(root), env.action_masks().copy())]
     finished: list[Plan] = []
+    first_of: list[int] = []
     greedy_plan: Plan | None = None
+    greedy_first = -1
     steps = forced = 0
     forward_s = 0.0
     info: dict[str, Any] = {}
@@ -688,21 +694,28 @@ def _beam_search(env: SearchEnv, forward: Forward, bundle: PolicyLike, width: in
             env.restore(parents[i].state, observe=False)
             obs, _, terminated, truncated, step_info = env.step(action)
             steps += 1
+            first = parents[i].first if parents[i].first >= 0 else action
             if terminated:
                 finished.append(step_info["plan"])
+                first_of.append(first)
                 if greedy:
-                    greedy_plan, info = step_info["plan"], step_info
+                    greedy_plan, info, greedy_first = step_info["plan"], step_info, first
                 continue
             if truncated or step_info.get("invalid_action") or steps >= _MAX_STEPS:
                 raise _broken(bundle, steps)
             key = env.state_key()
             if key in seen:
-                # The same future: the greedy rollout continues in the beam already there.
-                seen[key].greedy |= greedy
+                # The same future: the greedy rollout continues in the beam already there,
+                # reached as well through the greedy action at the root.
+                if greedy:
+                    seen[key].greedy, seen[key].first = True, first
                 continue
             seen[key] = child = _Beam(logp, env.snapshot(), greedy, obs,
-                                      env.action_masks().copy())
+                                      env.action_masks().copy(), first)
             beams.append(child)
     assert greedy_plan is not None  # the greedy child is always kept
+    if firsts is not None:
+        firsts[:] = [greedy_first] + [f for p, f in zip(finished, first_of)
+                                      if p is not greedy_plan]
     return [greedy_plan] + [p for p in finished if p is not greedy_plan], info, \
         (steps, forced, forward_s)

@@ -70,7 +70,7 @@ __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "T
 _TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads",
                        "update_threads", "env",
                        "ppo", "policy_kwargs", "eval", "checkpoint", "description",
-                       "imitation", "finetune"})
+                       "imitation", "finetune", "dagger"})
 _ENV_KEYS = frozenset({"max_hosts", "objective", "bandwidth", "samples", "instances",
                        "max_layers", "max_micro", "max_tp"})
 _PPO_FLOAT = ("gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm")
@@ -87,9 +87,12 @@ FINETUNE_DEFAULTS: dict[str, Any] = {"init_policy": None, "reward": "mfu", "repe
 _IMITATION_KEYS = frozenset({"experts", "exact_time_limit", "instances", "workers", "epochs",
                              "batch_size", "learning_rate", "vf_coef", "holdout", "cache",
                              "policy"})
+_DAGGER_KEYS = frozenset({"rounds", "width", "instances", "workers", "epochs", "batch_size",
+                          "learning_rate", "holdout"})
 
 RESUME_FILE = "interrupted_policy.zip"
 IMITATION_FILE = "imitation_policy.zip"
+DAGGER_FILE = "dagger_policy.zip"
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class TrainConfig:
     eval: dict[str, Any]
     checkpoint: dict[str, Any]
     imitation: dict[str, Any] | None = None  # behaviour cloning before PPO (imitation.py)
+    dagger: dict[str, Any] | None = None  # DAgger rounds before PPO (dagger.py)
     finetune: dict[str, Any] = field(default_factory=lambda: dict(FINETUNE_DEFAULTS))
     update_threads: int = 0  # torch threads of the PPO update (0: one per core)
     name: str = "train"
@@ -121,6 +125,7 @@ class TrainConfig:
                 "policy_kwargs": dict(self.policy_kwargs), "eval": dict(self.eval),
                 "checkpoint": dict(self.checkpoint), "description": self.description,
                 **({"imitation": dict(self.imitation)} if self.imitation is not None else {}),
+                **({"dagger": dict(self.dagger)} if self.dagger is not None else {}),
                 **({"finetune": dict(self.finetune)} if self.finetune != FINETUNE_DEFAULTS
                    else {})}
 
@@ -214,11 +219,16 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
           "keep": ck_r.int("keep", 3, minimum=1, maximum=lim.MAX_EPOCHS)}
     imitation = _parse_imitation(r)
     finetune = _parse_finetune(r)
+    dagger = _parse_dagger(r)
+    if dagger is not None and imitation is None and finetune["init_policy"] is None:
+        raise r.error("dagger", "DAgger improves a policy: give it one to start from "
+                                "(finetune.init_policy or an imitation: section)")
     _check_rollout_size(r, env["max_hosts"], env, ppo, r.raw("n_envs", 1))
     cfg = TrainConfig(suite=suite, seed=r.int("seed", 0, minimum=0),
-                      # With imitation, 0 timesteps of PPO leaves the cloned policy.
+                      # With imitation or DAgger, 0 timesteps of PPO leaves their policy.
                       total_timesteps=r.int("total_timesteps",
-                                            minimum=0 if imitation is not None else 1,
+                                            minimum=0 if imitation is not None or
+                                            dagger is not None else 1,
                                             maximum=lim.MAX_TIMESTEPS),
                       n_envs=r.int("n_envs", 1, minimum=1, maximum=lim.MAX_TRAIN_ENVS),
                       torch_threads=r.int("torch_threads", 1, minimum=1,
@@ -226,7 +236,7 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
                       update_threads=r.int("update_threads", 0, minimum=0,
                                            maximum=lim.MAX_THREADS), env=env, ppo=ppo,
                       policy_kwargs=pol, eval=ev, checkpoint=ck, imitation=imitation,
-                      finetune=finetune, name=name, source=source,
+                      dagger=dagger, finetune=finetune, name=name, source=source,
                       description=str(r.raw("description", "")).strip())
     return cfg
 
@@ -299,6 +309,24 @@ def _parse_imitation(r: Reader) -> dict[str, Any] | None:
             "learning_rate": im.number("learning_rate", 1e-3, positive=True),
             "vf_coef": im.number("vf_coef", 0.5, nonnegative=True),
             "holdout": holdout, "cache": cache}
+
+
+def _parse_dagger(r: Reader) -> dict[str, Any] | None:
+    if r.raw("dagger", None) is None:
+        return None
+    d = r.sub("dagger", {})
+    d.check_keys(_DAGGER_KEYS)
+    holdout = d.number("holdout", 0.1, nonnegative=True)
+    if holdout >= 1:
+        raise d.error("holdout", f"must be below 1, got {holdout}")
+    return {"rounds": d.int("rounds", 1, minimum=1, maximum=lim.MAX_EPOCHS),
+            "width": d.int("width", 8, minimum=2, maximum=lim.MAX_BEAM),
+            "instances": d.int("instances", None, minimum=1, maximum=lim.MAX_TRAIN_INSTANCES),
+            "workers": d.int("workers", 1, minimum=1, maximum=lim.MAX_WORKERS),
+            "epochs": d.int("epochs", 20, minimum=1, maximum=lim.MAX_EPOCHS),
+            "batch_size": d.int("batch_size", 256, minimum=1, maximum=lim.MAX_BATCH),
+            "learning_rate": d.number("learning_rate", 3e-4, positive=True),
+            "holdout": holdout}
 
 
 def resolve_train_config_path(path_or_name: str | Path) -> Path:
@@ -653,8 +681,22 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
         say(f"imitation policy saved to {path}")
     init = cfg.finetune["init_policy"]
     if not resume_from and init is not None and cfg.imitation is None:
-        say(f"PPO starts from the weights of {'the shipped policy' if init == 'shipped' else init}")
-    start_phase = ("imitation" if cfg.imitation is not None else
+        say(f"{'DAgger' if cfg.dagger is not None else 'PPO'} starts from the weights of "
+            f"{'the shipped policy' if init == 'shipped' else init}")
+    dagger_stats: dict[str, Any] | None = None
+    if cfg.dagger is not None and not resume_from:
+        try:
+            with _divergence_named(model, cfg, ckpt_dir, "dagger"):
+                dagger_stats = _dagger(model, cfg, run_dir, save, say)
+        except KeyboardInterrupt:
+            vec_env.close()
+            say(f"interrupted during DAgger; {DAGGER_FILE} holds the policy of the last "
+                "finished round (or the start)")
+            return TrainResult(run_dir, None, None, 0, 0.0, True, None, messages)
+        path = save(model, run_dir / DAGGER_FILE, {"dagger": dagger_stats})
+        say(f"DAgger policy saved to {path}")
+    start_phase = ("dagger" if cfg.dagger is not None else
+                   "imitation" if cfg.imitation is not None else
                    "init" if init is not None else None)
     if not resume_from and start_phase is not None:
         if eval_env is not None:
@@ -672,7 +714,9 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
                 best_so_far = res["gap_exact_mean"]
                 save(model, best_path, {"eval": _summary(res),
                                         **({"imitation": imitation_stats}
-                                           if imitation_stats is not None else {})})
+                                           if imitation_stats is not None else {}),
+                                        **({"dagger": dagger_stats}
+                                           if dagger_stats is not None else {})})
     if start_phase is not None or cfg.finetune["anchor_coef"] > 0:
         # The anchor is the policy PPO started from: the clone, the initial weights (or,
         # with anchor_coef alone, the fresh network); a resumed run loads it again (the
@@ -750,8 +794,8 @@ def _non_finite(model: Any) -> bool:
 
 def _diverged_error(model: Any, cfg: TrainConfig, ckpt_dir: Path,
                     phase: str) -> TrainingDiverged:
-    lr = cfg.ppo["learning_rate"] if phase == "ppo" else (cfg.imitation or {}).get(
-        "learning_rate")
+    lr = cfg.ppo["learning_rate"] if phase == "ppo" else (
+        (cfg.dagger if phase == "dagger" else cfg.imitation) or {}).get("learning_rate")
     kept = (f"; checkpoints saved before it are kept in {ckpt_dir}"
             if ckpt_dir.is_dir() and any(ckpt_dir.iterdir()) else "")
     return TrainingDiverged(
@@ -823,6 +867,45 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
     stats = behaviour_clone(model, demos, im, seed=cfg.seed, tb_dir=run_dir / "tb" / "imitation",
                             log=say)
     stats["expert_plans"] = float(len(demos.expert_reward))
+    stats["wall_s"] = time.perf_counter() - t0
+    return stats
+
+
+def _dagger(model: Any, cfg: TrainConfig, run_dir: Path,
+            save: Callable[[Any, Path, Mapping[str, Any] | None], Path],
+            say: Callable[[str], None]) -> dict[str, Any]:
+    """DAgger rounds on the training pool (``dagger:`` section, ``agents/dagger.py``): each
+    round labels the states the current policy visits with a lookahead beam of that
+    policy, and clones the policy, from its own weights, on every round's labels."""
+    from hetpar.agents.dagger import lookahead_demonstrations, merge_demonstrations
+    from hetpar.agents.imitation import ImitationConfig, behaviour_clone
+    from hetpar.envs.sources import as_source
+    from hetpar.problem.generator import load_suite
+
+    assert cfg.dagger is not None
+    d = cfg.dagger
+    pool = as_source(load_suite(cfg.suite), cfg.env["instances"]).count
+    n = min(d["instances"] or pool, pool)
+    env_kwargs = {"suite": cfg.suite, **_env_kwargs(cfg), "instances": cfg.env["instances"]}
+    # The value head is left as it is: the lookahead's returns are those of plans the policy
+    # does not make yet, and PPO after DAgger warms its value up (finetune.value_warmup).
+    im = ImitationConfig(epochs=d["epochs"], batch_size=d["batch_size"],
+                         learning_rate=d["learning_rate"], vf_coef=0.0, holdout=d["holdout"])
+    parts = []
+    stats: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for r in range(d["rounds"]):
+        # The workers label with the policy as it stands: written where the result goes.
+        labeller = save(model, run_dir / DAGGER_FILE, {"dagger": {"round": r}})
+        say(f"DAgger round {r + 1}/{d['rounds']}: labelling {n} instances with a lookahead "
+            f"beam of {d['width']}")
+        demos, st = lookahead_demonstrations(str(labeller), env_kwargs, range(n),
+                                             width=d["width"], workers=d["workers"], log=say)
+        parts.append(demos)
+        res = behaviour_clone(model, merge_demonstrations(parts), im, seed=cfg.seed + r,
+                              tb_dir=run_dir / "tb" / f"dagger{r + 1}", log=say)
+        stats = {**res, "rounds": r + 1, "decisions_labelled": st.decisions,
+                 "labels_changed": st.changed, "mean_gain": st.mean_gain}
     stats["wall_s"] = time.perf_counter() - t0
     return stats
 

@@ -54,6 +54,7 @@ and ``actions_for``).
 from __future__ import annotations
 
 import copy
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -348,14 +349,28 @@ class PlanBuilderEnv(gym.Env):
         ep.phase = _DONE
         plan = self.current_plan()
         assert plan is not None
-        times, feasible = ep.cm.iteration_times(plan)
-        times = np.atleast_1d(np.asarray(times, dtype=float))
+        times, feasible = self._times(plan)
         value = self.objective.score(times, feasible)
-        reward = ep.ctx.ideal_s / value if feasible else 0.0
+        reward = self.plan_reward(value) if feasible else 0.0
         info = {"plan": plan, "objective_s": value, "iter_time_mean_s": float(times.mean()),
                 "feasible": bool(feasible), "instance": ep.ctx.instance.name,
                 "objective": self.objective.name, "reward": reward}
         return self._observation(), float(reward), True, False, info
+
+    def _times(self, plan: Plan) -> tuple[np.ndarray, bool]:
+        assert self._ep is not None
+        times, feasible = self._ep.cm.iteration_times(plan)
+        return np.atleast_1d(np.asarray(times, dtype=float)), bool(feasible)
+
+    def plan_value(self, plan: Plan) -> float:
+        """The objective of ``plan`` on the current episode's instance, as an episode that
+        built it is scored (inf where it does not fit)."""
+        return float(self.objective.score(*self._times(plan)))
+
+    def plan_reward(self, value: float) -> float:
+        """The episode's reward for a plan of objective ``value`` (0 where infinite)."""
+        assert self._ep is not None
+        return float(self._ep.ctx.ideal_s / value) if math.isfinite(value) and value > 0 else 0.0
 
     def action_masks(self) -> np.ndarray:
         """Boolean mask of the actions after which a feasible plan can still be built."""

@@ -3,7 +3,7 @@ side by side on the held-out suites.
 
     python benchmarks/policy_gaps.py [--policies shipped,runs/x/final_policy.zip]
         [--suites test-iid,test-larger,test-unseen-gpus,test-geo,test-hard] [--n 20]
-        [--beam W] [--json FILE]
+        [--beam W | --micro-sweep] [--json FILE]
 
 For each of the first N instances of each suite (objective mean, 16 bandwidth states,
 seed 0: the reference files' problem) and each policy: the rollout alone
@@ -20,6 +20,8 @@ PPO's effect; ``untrained`` is the shipped network with fresh weights (the ablat
 what the training is worth). ``--beam W`` decodes with a beam of W over the policy's
 log-probabilities instead of the single most likely rollout, raw and refined alike
 (``hetpar plan --no-improve --beam W``: the best W structures are refined).
+``--micro-sweep`` rolls the policy out once per allowed micro-batch count instead
+(``hetpar plan --no-improve --micro-sweep``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def main() -> int:
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--beam", type=int, default=1)
+    ap.add_argument("--micro-sweep", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     names = [p.strip() for p in a.policies.split(",") if p.strip()]
@@ -95,10 +98,10 @@ def main() -> int:
             got = {}
             for n, b in bundles.items():
                 raw = planning.plan(problem, "policy-raw", policy=b, instance=inst,
-                                    beam=a.beam)
+                                    beam=a.beam, micro_sweep=a.micro_sweep)
                 t0 = time.perf_counter()
                 ref = planning.plan(problem, "policy-greedy", policy=b, instance=inst,
-                                    beam=a.beam)
+                                    beam=a.beam, micro_sweep=a.micro_sweep)
                 got[n] = (raw.value, ref.value, time.perf_counter() - t0)
             if i in refs:
                 best, mark = min(refs[i], *(g[1] for g in got.values())), ""

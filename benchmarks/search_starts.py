@@ -14,6 +14,8 @@ structure search (``hetpar.solvers.local_search.improve_structure``, the search
   hands the search), the shipped policy unless ``--policy`` names another;
 * ``policy-beam``: the same policy decoded with a beam of ``BEAM`` (8), its best
   structures refined (``hetpar plan --no-improve --beam 8``);
+* ``policy-sweep``: the same policy rolled out once per micro-batch count it may choose,
+  refined (``hetpar plan --no-improve --micro-sweep``);
 * ``untrained``: the same network with freshly initialised weights (seed 0), planned
   the same way: what the planner's machinery does without learning;
 * ``metis``, ``megatron``: the baselines' plans (Megatron's only where it lies in the
@@ -49,7 +51,7 @@ from hetpar.solvers import solve
 from hetpar.solvers.local_search import DEFAULT_EVALUATIONS, improve_structure
 
 SUITES = ("test-iid", "test-larger", "test-unseen-gpus", "test-geo", "test-hard")
-STARTS = ("policy", "metis", "megatron", "random", "untrained", "policy-beam")
+STARTS = ("policy", "metis", "megatron", "random", "untrained", "policy-beam", "policy-sweep")
 BEAM = 8
 TIE = 1e-9
 
@@ -79,6 +81,9 @@ def start_plan(problem: Problem, inst: Any, start: str, bundles: dict[str, Any],
         elif start == "policy-beam":
             sol = planning.plan(problem, "policy-greedy", policy=bundles["policy"],
                                 instance=inst, beam=BEAM)
+        elif start == "policy-sweep":
+            sol = planning.plan(problem, "policy-greedy", policy=bundles["policy"],
+                                instance=inst, micro_sweep=True)
         elif start == "random":
             sol = solve(problem, "random", budget=8, rng_seed=0)
         else:
@@ -137,7 +142,7 @@ def main() -> int:
     if bad:
         ap.error(f"unknown start(s) {', '.join(bad)} (known: {', '.join(STARTS)})")
     bundles: dict[str, Any] = {}
-    if {"policy", "untrained", "policy-beam"} & set(starts):
+    if {"policy", "untrained", "policy-beam", "policy-sweep"} & set(starts):
         from hetpar.agents.io import load_policy
 
         bundles["policy"] = load_policy(a.policy)
@@ -213,7 +218,7 @@ def summary(rows: list[dict[str, Any]], starts: list[str], suites: list[str]) ->
             print(f"{name:<18}{start:<11}{len(mine):>3}{_pct(statistics.median(g0)):>10}"
                   f"{_pct(statistics.median(g)):>10}{_pct(_q(g, 0.9)):>10}{_pct(max(g)):>8}"
                   f"{statistics.median(t):>13.2f}")
-    for pol in ("policy", "policy-beam"):
+    for pol in ("policy", "policy-beam", "policy-sweep"):
         if pol not in starts or "metis" not in starts:
             continue
         pairs = {}

@@ -1,11 +1,12 @@
 """Plans that cross slow routes: the policy's worst failure mode, measured.
 
     python benchmarks/slow_routes.py [--policy shipped] [--suite train-mixed]
-        [--start 0] [--n 300] [--slow-gbps 2] [--worse 2]
+        [--start 0] [--n 300] [--slow-gbps 2] [--worse 2] [--micro-sweep]
 
 For each instance of the suite's range: the policy's refined rollout (``hetpar plan
 --no-improve``) and metis's plan, on the reference files' problem (objective mean, 16
-bandwidth states, seed 0). The instances are split by whether the cluster has a route whose
+bandwidth states, seed 0; ``--micro-sweep``: ``hetpar plan --no-improve --micro-sweep``).
+The instances are split by whether the cluster has a route whose
 bottleneck mean bandwidth is below ``--slow-gbps``; for each group the script prints the
 median and p90 of T_policy / T_metis and how many plans are more than ``--worse`` times
 metis's, and for each of those the slowest route each plan crosses: a data-parallel ring
@@ -67,6 +68,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--slow-gbps", type=float, default=2.0)
     ap.add_argument("--worse", type=float, default=2.0)
+    ap.add_argument("--micro-sweep", action="store_true")
     a = ap.parse_args()
     bundle = load_policy(None if a.policy == "shipped" else a.policy)
     suite = load_suite(a.suite)
@@ -76,7 +78,8 @@ def main() -> int:
         bottleneck = route_bottlenecks(inst.cluster)
         slow = bool(bottleneck.min() < a.slow_gbps)
         problem = Problem.from_instance(inst, samples=16, seed=0)
-        pol = planning.plan(problem, "policy-greedy", policy=bundle, instance=inst)
+        pol = planning.plan(problem, "policy-greedy", policy=bundle, instance=inst,
+                            micro_sweep=a.micro_sweep)
         met = solve(problem, "metis")
         ratio = pol.value / met.value
         groups[slow].append(ratio)

@@ -166,6 +166,22 @@ def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, pol
     assert_one_line_error(code, err, "--beam")
 
 
+def test_plan_cli_micro_sweep_rolls_out_every_count_and_refuses_a_beam(capsys, policy8):
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--json", "--no-improve")
+    assert code == 0, err
+    one = json.loads(out)
+    code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                         "--model", "gpt2-medium", "--json", "--no-improve", "--micro-sweep")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["details"]["micro_sweep"] and doc["details"]["candidates"] > 1
+    assert doc["value_s"] <= one["value_s"] * (1 + 1e-12)
+    code, _, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                       "--model", "gpt2-medium", "--beam", "2", "--micro-sweep")
+    assert_one_line_error(code, err, "beam or the sweep")
+
+
 def test_plan_cluster_larger_than_max_hosts_is_planned_in_slices(capsys, policy2, tmp_path):
     # cloud-mixed's 8 hosts are more than the policy's 2: it plans a replica slice.
     code, out, err = run(capsys, "plan", "--policy", policy2, "--cluster", "cloud-mixed",

@@ -488,3 +488,46 @@ def test_a_spent_budget_stops_the_refinement_not_the_plan(shipped):
     assert not margin.details["refine_complete"]
     ample = _plan(shipped, inst, samples=2, budget_s=3600.0)
     assert ample.plan == _plan(shipped, inst, samples=2).plan
+
+
+@pytest.mark.parametrize("suite,index", [("test-iid", 3), ("test-geo", 11), ("test-hard", 2)])
+def test_micro_sweep_is_never_worse_than_the_greedy_rollout(shipped, suite, index):
+    """One rollout per allowed micro-batch count, the policy's own count's first: the
+    greedy rollout is among them, so neither the raw nor the refined plan is worse."""
+    inst = load_suite(suite).instance(index)
+    greedy = _plan(shipped, inst, samples=4)
+    sweep = _plan(shipped, inst, samples=4, micro_sweep=True)
+    assert sweep.details["micro_sweep"] and not greedy.details["micro_sweep"]
+    assert sweep.details["raw_value"] <= greedy.details["raw_value"] * (1 + 1e-12)
+    assert sweep.value <= greedy.value * (1 + 1e-12)
+    validate_plan(sweep.plan, inst.cluster, inst.model, inst.training)
+    # One candidate per micro-batch count the masks allow after the policy's memory choice.
+    env = PlanBuilderEnv([inst], max_hosts=shipped.max_hosts, bandwidth="robust", samples=4)
+    obs, _ = env.reset(options={"instance": 0})
+    forward = forward_for(shipped.model.policy)
+    while env.phase_name() != "micro_batches":
+        mask = env.action_masks()
+        obs, *_ = env.step(int(np.argmax(np.where(mask, forward([obs], [mask])[0], -np.inf))))
+    counts = int(env.action_masks().sum())
+    assert sweep.details["candidates"] == counts >= 1
+    # Deterministic.
+    assert _plan(shipped, inst, samples=4, micro_sweep=True).plan == sweep.plan
+
+
+def test_micro_sweep_and_a_beam_are_refused_together(shipped):
+    inst = load_suite("test-iid").instance(0)
+    with pytest.raises(ConfigError, match="beam or the sweep"):
+        _plan(shipped, inst, samples=2, beam=2, micro_sweep=True)
+
+
+def test_micro_sweep_through_the_planning_entry_point(shipped):
+    from hetpar.agents import planning
+    from hetpar.problem import Problem
+
+    inst = load_suite("test-geo").instance(10)
+    problem = Problem.from_instance(inst, samples=4, seed=0)
+    raw = planning.plan(problem, "policy-raw", policy=shipped, instance=inst)
+    swept = planning.plan(problem, "policy-raw", policy=shipped, instance=inst,
+                          micro_sweep=True)
+    assert swept.value <= raw.value * (1 + 1e-12)
+    assert swept.details["candidates"] > 1

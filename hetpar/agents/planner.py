@@ -228,7 +228,8 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
                      incumbent: float = math.inf,
                      budget_s: float | None = None,
                      improve_evaluations: int = 0,
-                     speculate: int = SPECULATE, runtime: str = "any") -> Solution:
+                     speculate: int = SPECULATE, runtime: str = "any",
+                     micro_sweep: bool = False) -> Solution:
     """One deterministic masked rollout of ``bundle``'s policy on ``problem``.
 
     The plan is scored by ``problem`` (its objective over its bandwidth states; make one
@@ -258,7 +259,10 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     state per pass, the same plan more slowly). ``runtime`` (``hetpar.runtime.rules``): the
     environment's masks allow only plans that framework runs, and the refinement keeps to
     its layer splits; the structure search, which moves outside such plans, is not run
-    (``details["improve_skipped"]`` says so). Raises ConfigError
+    (``details["improve_skipped"]`` says so). ``micro_sweep`` rolls the policy out once for
+    every micro-batch count the masks allow (``_micro_sweep``), greedily everywhere else,
+    instead of once: the rollouts' plans are the candidates, ranked and refined as a beam's
+    are; it excludes ``beam`` > 1. Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -283,6 +287,9 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         raise ConfigError("", "beam", f"must be at least 1, got {beam}")
     if speculate < 1:
         raise ConfigError("", "speculate", f"must be at least 1, got {speculate}")
+    if micro_sweep and beam > 1:
+        raise ConfigError("", "beam", "a micro-batch sweep rolls out greedily: give a beam "
+                                      "or the sweep, not both")
     from hetpar.runtime.rules import get_runtime
 
     restricted = not get_runtime(runtime).unrestricted
@@ -323,7 +330,9 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         setup_s = time.perf_counter() - start
         start = time.perf_counter()
         with torch.inference_mode():
-            if beam <= 1:
+            if micro_sweep:
+                candidates, info, stats = _micro_sweep(env, forward, obs, bundle, speculate)
+            elif beam <= 1:
                 plan, info, stats = _greedy(env, forward, obs, bundle, speculate)
                 candidates = [plan]
             else:
@@ -404,6 +413,7 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     env_value = float(info.get("objective_s", math.nan))
     details: dict[str, Any] = {
         "policy": _policy_name(bundle), "steps": steps, "forced": forced, "beam": beam,
+        "micro_sweep": micro_sweep,
         "candidates": len(candidates), "raw_value": raw_value,
         "env_value": env_value if math.isfinite(env_value) else None,
         "refine_complete": complete, "improve_evaluations": improve_evaluations,
@@ -571,6 +581,48 @@ def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: Polic
         # A guess that ended the episode without a plan (truncated) is as broken as a step.
         if info.get("invalid_action") or steps >= _MAX_STEPS or ended_by_guess:
             raise _broken(bundle, steps)
+
+
+def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
+                 lookahead: int = SPECULATE,
+                 ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
+    """One greedy rollout (``_greedy``) for every micro-batch count the masks allow, the
+    policy's own choices before it; the plans, the policy's own count's first.
+
+    The count is the episode's second decision, made before any stage exists, and it fixes
+    how much of a stage's memory activations take: a count that makes the fast hosts'
+    stages too small forces the rest of the model onto slower hosts or across slow routes,
+    which is where the policy's worst plans come from (docs/agents.md, "Where it fails").
+    Every other decision stays the policy's."""
+    steps = forced = 0
+    forward_s = 0.0
+    while env.phase_name() != "micro_batches":
+        mask = env.action_masks()
+        t0 = time.perf_counter()
+        logits = forward([obs], [mask])[0]
+        forward_s += time.perf_counter() - t0
+        obs, _, _, _, _ = env.step(int(np.argmax(np.where(mask, logits, -np.inf))))
+        steps += 1
+    root, mask = env.snapshot(), env.action_masks().copy()
+    allowed = np.flatnonzero(mask)
+    if len(allowed) > 1:
+        t0 = time.perf_counter()
+        logits = forward([obs], [mask])[0]
+        forward_s += time.perf_counter() - t0
+        allowed = allowed[np.argsort(-logits[allowed], kind="stable")]
+    else:
+        forced += 1
+    plans: list[Plan] = []
+    info: dict[str, Any] = {}
+    for n, action in enumerate(allowed):
+        env.restore(root, observe=False)
+        child, _, _, _, _ = env.step(int(action))
+        plan, step_info, (s, f, fs) = _greedy(env, forward, child, bundle, lookahead)
+        plans.append(plan)
+        if n == 0:
+            info = step_info
+        steps, forced, forward_s = steps + s + 1, forced + f, forward_s + fs
+    return plans, info, (steps, forced, forward_s)
 
 
 class _StageGuess:

@@ -61,7 +61,7 @@ _LOCAL_SEARCH_OPTIONS = frozenset({"max_evaluations", "neighbour_steps", "time_l
 _POLICY_OPTIONS = frozenset({"beam", "refine", "refine_steps", "refine_time",
                              "refine_candidates", "improve_evaluations", "threads", "source",
                              "cache", "incumbent", "budget_s", "speculate", "instance",
-                             "slice_sizes", "runtime"})
+                             "slice_sizes", "runtime", "micro_sweep"})
 
 
 def policy_presets() -> dict[str, dict[str, Any]]:

@@ -781,6 +781,11 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="beam width of the search over the policy's decisions (default 1: "
                          "the single most likely rollout; 4 finds a better start now and "
                          "then, at about 4x the inference time)")
+    pl.add_argument("--micro-sweep", action="store_true",
+                    help="roll the policy out once for every micro-batch count it may choose "
+                         "(greedy elsewhere) and keep the best: the count is chosen before "
+                         "any stage, and a poor one makes the policy's worst plans; 2-8 "
+                         "rollouts instead of one (not with --beam)")
     pl.add_argument("--no-refine", action="store_true",
                     help="keep the rollout's plan as it is (no exact layer split, no "
                          "structure search)")
@@ -891,9 +896,10 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                              samples=args.samples, seed=args.seed, constants=constants)
     refine = not args.no_refine
     method = policy_method(beam, refine, args.improve)
+    sweep = {"micro_sweep": True} if args.micro_sweep else {}
     result = planning.plan(problem, method, policy=bundle, source=args.cluster, refine=refine,
                            refine_steps=args.refine_steps, beam=beam,
-                           improve_evaluations=args.improve)
+                           improve_evaluations=args.improve, **sweep)
     unrestricted = None  # the policy's plan over the whole space, when a runtime restricts
     runtime_policy = None  # the policy's own plan under the runtime's masks
     if args.runtime != "any":
@@ -901,7 +907,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         result = runtime_policy = planning.plan(
             problem, method, policy=bundle, source=args.cluster, refine=refine,
             refine_steps=args.refine_steps, beam=beam, improve_evaluations=args.improve,
-            runtime=args.runtime)
+            runtime=args.runtime, **sweep)
         if args.improve:
             with console.status(f"searching the plans {args.runtime} can run",
                                 spinner="dots"):

@@ -74,6 +74,10 @@ class SearchEnv(Protocol):
         """``argmax(where(action_masks(), logits, -inf))``, asking few actions."""
         ...
 
+    def phase_name(self) -> str:
+        """The decision the current state asks for (``hetpar.envs.types.PHASES``)."""
+        ...
+
     # Branching.
     def snapshot(self) -> Snapshot:
         """An independent copy of the episode so far."""

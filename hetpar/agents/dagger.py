@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hetpar.agents.imitation import Demonstrations
+from hetpar.agents.imitation import Demonstrations, stack_demonstrations
 from hetpar.errors import HetparError
 
 __all__ = ["LookaheadStats", "lookahead_demonstrations", "merge_demonstrations"]
@@ -150,23 +150,11 @@ def lookahead_demonstrations(policy_path: str, env_kwargs: dict[str, Any],
                 for fut in futures:
                     fut.cancel()
                 raise
-    obs_rows: dict[str, list[np.ndarray]] = {}
-    masks, actions, returns, episode = [], [], [], []
-    for i in idx:
-        for o, m, a, r in by_index[i]:
-            for k, v in o.items():
-                obs_rows.setdefault(k, []).append(v)
-            masks.append(m)
-            actions.append(a)
-            returns.append(r)
-            episode.append(i)
-    if not actions:
+    rows = [(o, m, a, r, i) for i in idx for o, m, a, r in by_index[i]]
+    if not rows:
         raise HetparError("dagger: no decision to label")
-    demos = Demonstrations({k: np.stack(v) for k, v in obs_rows.items()},
-                           np.stack(masks).astype(bool), np.asarray(actions, dtype=np.int64),
-                           np.asarray(returns, dtype=np.float32),
-                           np.asarray(episode, dtype=np.int64), {}, {})
-    stats = LookaheadStats(len(idx), len(actions), changed,
+    demos = stack_demonstrations(rows)
+    stats = LookaheadStats(len(idx), len(rows), changed,
                            float(np.mean(gains)) if gains else 0.0)
     if log:
         log(f"dagger: {stats.decisions} decisions on {stats.instances} instances, "

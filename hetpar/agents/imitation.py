@@ -276,11 +276,7 @@ def demonstrations(env: SearchEnv, plans: Mapping[int, Any]) -> Demonstrations:
     suite); decisions with a single allowed action are left out (nothing to learn)."""
     from hetpar.errors import PlanError
 
-    obs_rows: dict[str, list[np.ndarray]] = {}
-    masks: list[np.ndarray] = []
-    actions: list[int] = []
-    returns: list[float] = []
-    episode: list[int] = []
+    rows: list[tuple[dict[str, np.ndarray], np.ndarray, int, float, int]] = []
     rewards: dict[int, float] = {}
     skipped: dict[int, str] = {}
     for index, plan in plans.items():
@@ -310,19 +306,25 @@ def demonstrations(env: SearchEnv, plans: Mapping[int, Any]) -> Demonstrations:
             skipped[index] = "the replayed plan did not finish an episode"
             continue
         rewards[index] = total
-        for o, m, a in steps:
-            for k, v in o.items():
-                obs_rows.setdefault(k, []).append(v)
-            masks.append(m)
-            actions.append(a)
-            returns.append(total)  # gamma = 1 and a single reward at the end
-            episode.append(index)
-    if not actions:
+        # gamma = 1 and a single reward at the end: every decision's return is the total.
+        rows += [(o, m, a, total, index) for o, m, a in steps]
+    if not rows:
         raise HetparError("imitation: no expert plan could be replayed in the environment")
-    return Demonstrations({k: np.stack(v) for k, v in obs_rows.items()},
-                          np.stack(masks).astype(bool), np.asarray(actions, dtype=np.int64),
-                          np.asarray(returns, dtype=np.float32),
-                          np.asarray(episode, dtype=np.int64), rewards, skipped)
+    return stack_demonstrations(rows, rewards, skipped)
+
+
+def stack_demonstrations(rows: Sequence[tuple[dict[str, np.ndarray], np.ndarray, int, float,
+                                              int]],
+                         expert_reward: dict[int, float] | None = None,
+                         skipped: dict[int, str] | None = None) -> Demonstrations:
+    """``Demonstrations`` of (observation, mask, action, return, instance) rows."""
+    keys = rows[0][0].keys()
+    return Demonstrations({k: np.stack([r[0][k] for r in rows]) for k in keys},
+                          np.stack([r[1] for r in rows]).astype(bool),
+                          np.asarray([r[2] for r in rows], dtype=np.int64),
+                          np.asarray([r[3] for r in rows], dtype=np.float32),
+                          np.asarray([r[4] for r in rows], dtype=np.int64),
+                          expert_reward or {}, skipped or {})
 
 
 # ---- behaviour cloning --------------------------------------------------------------------

@@ -619,11 +619,9 @@ def _train_locked(cfg: TrainConfig, name: str, runs: Path, run_dir: Path, *, res
     reward_refs = None
     if cfg.finetune["reward"] == "log_metis":
         from hetpar.agents.shaping import reference_table
-        from hetpar.envs.sources import as_source
 
         samples = cfg.env["samples"] if cfg.env["bandwidth"] == "robust" else 0
-        # The environments' pool: ``instances``, or the suite's default pool.
-        count = as_source(load_suite(cfg.suite), cfg.env["instances"]).count
+        count = _pool_size(cfg)
         cache = runs / "reward-cache" / f"{cfg.suite}-{cfg.env['objective']}-{samples}.json"
         reward_refs = reference_table(cfg.suite, count, objective=cfg.env["objective"],
                                       samples=samples, cache=cache,
@@ -871,6 +869,15 @@ def _pretrain(model: Any, cfg: TrainConfig, run_dir: Path, runs: Path,
     return stats
 
 
+def _pool_size(cfg: TrainConfig) -> int:
+    """How many instances the environments draw from: ``env.instances``, or the suite's
+    default pool."""
+    from hetpar.envs.sources import as_source
+    from hetpar.problem.generator import load_suite
+
+    return as_source(load_suite(cfg.suite), cfg.env["instances"]).count
+
+
 def _dagger(model: Any, cfg: TrainConfig, run_dir: Path,
             save: Callable[[Any, Path, Mapping[str, Any] | None], Path],
             say: Callable[[str], None]) -> dict[str, Any]:
@@ -879,12 +886,10 @@ def _dagger(model: Any, cfg: TrainConfig, run_dir: Path,
     policy, and clones the policy, from its own weights, on every round's labels."""
     from hetpar.agents.dagger import lookahead_demonstrations, merge_demonstrations
     from hetpar.agents.imitation import ImitationConfig, behaviour_clone
-    from hetpar.envs.sources import as_source
-    from hetpar.problem.generator import load_suite
 
     assert cfg.dagger is not None
     d = cfg.dagger
-    pool = as_source(load_suite(cfg.suite), cfg.env["instances"]).count
+    pool = _pool_size(cfg)
     n = min(d["instances"] or pool, pool)
     env_kwargs = {"suite": cfg.suite, **_env_kwargs(cfg), "instances": cfg.env["instances"]}
     # The value head is left as it is: the lookahead's returns are those of plans the policy

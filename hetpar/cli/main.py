@@ -896,10 +896,9 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                              samples=args.samples, seed=args.seed, constants=constants)
     refine = not args.no_refine
     method = policy_method(beam, refine, args.improve)
-    sweep = {"micro_sweep": True} if args.micro_sweep else {}
     result = planning.plan(problem, method, policy=bundle, source=args.cluster, refine=refine,
                            refine_steps=args.refine_steps, beam=beam,
-                           improve_evaluations=args.improve, **sweep)
+                           improve_evaluations=args.improve, micro_sweep=args.micro_sweep)
     unrestricted = None  # the policy's plan over the whole space, when a runtime restricts
     runtime_policy = None  # the policy's own plan under the runtime's masks
     if args.runtime != "any":
@@ -907,7 +906,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         result = runtime_policy = planning.plan(
             problem, method, policy=bundle, source=args.cluster, refine=refine,
             refine_steps=args.refine_steps, beam=beam, improve_evaluations=args.improve,
-            runtime=args.runtime, **sweep)
+            runtime=args.runtime, micro_sweep=args.micro_sweep)
         if args.improve:
             with console.status(f"searching the plans {args.runtime} can run",
                                 spinner="dots"):

@@ -3,26 +3,29 @@ side by side on the held-out suites.
 
     python benchmarks/policy_gaps.py [--policies shipped,runs/x/final_policy.zip]
         [--suites test-iid,test-larger,test-unseen-gpus,test-geo,test-hard] [--n 20]
-        [--beam W | --micro-sweep] [--json FILE]
+        [--beam W | --no-micro-sweep | --sweep-memory K] [--refine-candidates R]
+        [--json FILE]
 
 For each of the first N instances of each suite (objective mean, 16 bandwidth states,
-seed 0: the reference files' problem) and each policy: the rollout alone
-(``policy-raw``) and the refined rollout (``policy-greedy``, ``hetpar plan
---no-improve``), each as a gap ``T / T_ref - 1`` to the suite's reference file
-(``configs/references/SUITE.json``: its best known plan, proven optimal where the file
-says so; where the file has no entry for an instance, the best of the policies' plans
-and metis's, marked ``~``), and how often the plan is at least as good as metis's. Per
-suite and policy it prints the median, p90 and worst gap of each and the median time of
-the refined planner. ``shipped`` names the shipped policy. Gaps are deterministic (no
-time limit is involved); times are this machine's. ``clone`` names the bundled clone
-that the shipped policy's PPO started from, so ``--policies shipped,clone`` measures
-PPO's effect; ``untrained`` is the shipped network with fresh weights (the ablation of
-what the training is worth). ``--beam W`` decodes with a beam of W over the policy's
-log-probabilities instead of the single most likely rollout, raw and refined alike
-(``hetpar plan --no-improve --beam W``: the best W structures are refined).
-``--micro-sweep`` rolls the policy out once per allowed micro-batch count instead
-(``hetpar plan --no-improve --micro-sweep``).
-"""
+seed 0: the reference files' problem) and each policy: the rollout alone (``policy-
+raw``: the single most likely rollout) and the refined plan (``policy-greedy``, ``hetpar
+plan --no-improve``: the micro-batch sweep's rollouts, refined), each as a gap ``T /
+T_ref - 1`` to the suite's reference file (``configs/references/SUITE.json``: its best
+known plan, proven optimal where the file says so; where the file has no entry for an
+instance, the best of the policies' plans and metis's, marked ``~``), and how often the
+plan is at least as good as metis's. Per suite and policy it prints the median, p90 and
+worst gap of each and the median time of the refined planner. ``shipped`` names the
+shipped policy. Gaps are deterministic (no time limit is involved); times are this
+machine's. ``clone`` names the bundled clone that the shipped policy's PPO started from,
+so ``--policies shipped,clone`` measures PPO's effect; ``untrained`` is the shipped
+network with fresh weights (the ablation of what the training is worth). ``--beam W``
+decodes with a beam of W over the policy's log-probabilities instead, raw and refined
+alike (``hetpar plan --no-improve --beam W``: the best W structures are refined);
+``--no-micro-sweep`` refines the single rollout (``hetpar plan --no-improve --no-micro-
+sweep``); ``--sweep-memory K`` sweeps the policy's K most likely memory options
+(``hetpar plan --no-improve --sweep-memory K``; default 3); ``--refine-candidates R``
+refines R structures besides the greedy one's (default: the planner's, 8 with the sweep,
+2 with a beam). """
 
 from __future__ import annotations
 
@@ -74,10 +77,16 @@ def main() -> int:
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--beam", type=int, default=1)
-    ap.add_argument("--micro-sweep", action="store_true")
+    ap.add_argument("--no-micro-sweep", action="store_true")
+    ap.add_argument("--sweep-memory", type=int, default=None)
+    ap.add_argument("--refine-candidates", type=int, default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     names = [p.strip() for p in a.policies.split(",") if p.strip()]
+    sweep = a.beam == 1 and not a.no_micro_sweep  # ``hetpar plan --no-improve``'s decoding
+    memory = {} if a.sweep_memory is None or not sweep else {"sweep_memory": a.sweep_memory}
+    if a.refine_candidates is not None:
+        memory["refine_candidates"] = a.refine_candidates
 
     def bundle(name: str) -> Any:
         if name == "untrained":
@@ -98,10 +107,10 @@ def main() -> int:
             got = {}
             for n, b in bundles.items():
                 raw = planning.plan(problem, "policy-raw", policy=b, instance=inst,
-                                    beam=a.beam, micro_sweep=a.micro_sweep)
+                                    beam=a.beam)
                 t0 = time.perf_counter()
                 ref = planning.plan(problem, "policy-greedy", policy=b, instance=inst,
-                                    beam=a.beam, micro_sweep=a.micro_sweep)
+                                    beam=a.beam, micro_sweep=sweep, **memory)
                 got[n] = (raw.value, ref.value, time.perf_counter() - t0)
             if i in refs:
                 best, mark = min(refs[i], *(g[1] for g in got.values())), ""

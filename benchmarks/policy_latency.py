@@ -1,8 +1,9 @@
 """Planning latency: the shipped policy against the exact search, side by side.
 
-    python benchmarks/policy_latency.py [--time-limit 60] [--repeats 5] [--beams 1,4]
+    python benchmarks/policy_latency.py [--time-limit 60] [--repeats 5] [--beams sweep,1,4]
                                         [--speculate 8,1] [--no-search]
     python benchmarks/policy_latency.py --suites test-larger,test-hard [--hosts 16] [--n 5]
+                                        [--no-micro-sweep]
 
 For bundled clusters of 16 to 128 GPUs, medians of ``--repeats`` runs on one CPU thread:
 the policy's inference (``infer``: the masked rollout or beam search; ``fwd``: its
@@ -14,12 +15,15 @@ plan``'s default, the structure search included; when exact stops at its limit b
 lower bounds (it would take longer to prove its optimum), and where the space is too
 large for it ("too large") it returns its metis seed at once and no ratio is given. Each
 ``--beams`` width, and the single rollout at each ``--speculate`` width (states one
-batched forward pass scores; 1: one pass per decision), is timed in the same warm
-process, interleaved repeat by repeat so that the machine's drifts hit every variant
-alike. Prints the refined, searched and exact objectives.
+batched forward pass scores; 1: one pass per decision), and the micro-batch sweep
+(``sweep``: one rollout per allowed micro-batch count, ``hetpar plan``'s default
+decoding) are timed in the same warm process, interleaved repeat by repeat so that the
+machine's drifts hit every variant alike. Prints the refined, searched and exact
+objectives.
 
-``--suites`` times ``hetpar plan``'s default instead (rollout, refinement and structure
-search, on one thread) on the first ``--n`` instances of each suite with ``--hosts``
+``--suites`` times ``hetpar plan``'s default instead (the micro-batch sweep's rollouts,
+their refinement and the structure search, on one thread; ``--no-micro-sweep``: one
+rollout) on the first ``--n`` instances of each suite with ``--hosts``
 hosts: the median of ``--repeats`` runs per instance, and the median and p90 over the
 instances (the latency target of issue 24 is stated on 16-host clusters).
 """
@@ -52,7 +56,9 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=None, help="policy file (default: the shipped one)")
-    ap.add_argument("--beams", default="1,4", help="beam widths to time (default 1,4)")
+    ap.add_argument("--beams", default="sweep,1,4",
+                    help="beam widths to time, 'sweep' the micro-batch sweep (default "
+                         "sweep,1,4)")
     ap.add_argument("--speculate", default=f"{SPECULATE},1",
                     help=f"speculation widths of the single rollout (default {SPECULATE},1)")
     ap.add_argument("--no-search", action="store_true",
@@ -61,18 +67,23 @@ def main() -> None:
                     help="time the default pipeline on these suites' instances instead")
     ap.add_argument("--hosts", type=int, default=16, help="hosts of the suite instances timed")
     ap.add_argument("--n", type=int, default=5, help="instances per suite")
+    ap.add_argument("--no-micro-sweep", action="store_true",
+                    help="--suites: one rollout instead of the default micro-batch sweep")
     args = ap.parse_args()
     if args.suites:
         suite_latency(args)
         return
-    beams = [int(b) for b in args.beams.split(",")]
+    beams = [b.strip() for b in args.beams.split(",")]
     widths = [int(w) for w in args.speculate.split(",")]
-    variants = [(beam, w) for beam in beams for w in (widths if beam == 1 else widths[:1])]
+    # (label, beam, speculation width, sweep): the sweep at the first width.
+    variants = [("sweep" if b == "sweep" else b, 1 if b == "sweep" else int(b), w,
+                 b == "sweep")
+                for b in beams for w in (widths if b == "1" else widths[:1])]
     bundle = load_policy(args.policy)
     budget = 0 if args.no_search else DEFAULT_EVALUATIONS
     print(f"policy {bundle.path}; exact with a {args.time_limit:.0f} s limit, one worker; "
           f"structure search {budget} completions at most")
-    print(f"{'cluster':22s} {'GPUs':>4s} {'beam':>4s} {'spec':>4s} {'infer ms':>9s} "
+    print(f"{'cluster':22s} {'GPUs':>4s} {'beam':>5s} {'spec':>4s} {'infer ms':>9s} "
           f"{'fwd ms':>7s} {'refine ms':>9s} {'search ms':>9s} {'total ms':>9s} "
           f"{'exact s':>8s} {'ratio':>8s} {'ratio+s':>8s}  refined / searched / exact obj")
     for cluster_name, model_name in CASES:
@@ -81,17 +92,18 @@ def main() -> None:
             continue
         model = hetpar.load_model(model_name)
         training = hetpar.load_training(None)
-        runs: dict[tuple[int, int], list[tuple[float, ...]]] = {v: [] for v in variants}
+        runs: dict[tuple[str, int, int, bool], list[tuple[float, ...]]] = {
+            v: [] for v in variants}
         for _ in range(args.repeats):
-            for beam, width in variants:
+            for label, beam, width, sweep in variants:
                 start = time.perf_counter()
                 # A fresh problem per run: its scoring tables are part of what is timed.
                 problem = policy_problem(bundle, cluster, model, training)
                 res = plan_with_policy(bundle, problem, beam=beam, speculate=width,
-                                       improve_evaluations=budget)
+                                       improve_evaluations=budget, micro_sweep=sweep)
                 refined = res.details["improved_from"] if budget else res.value
                 t = res.timings
-                runs[beam, width].append((t["inference"], t["forward"], t["refine"],
+                runs[label, beam, width, sweep].append((t["inference"], t["forward"], t["refine"],
                                           t["improve"], time.perf_counter() - start,
                                           refined, res.value))
         start = time.perf_counter()
@@ -103,11 +115,11 @@ def main() -> None:
         proven = cert is not None and cert.optimal
         at_least = "" if proven else ">="
         too_large = cert is not None and cert.stopped == "space too large"
-        for (beam, width), rs in runs.items():
+        for (label, beam, width, _), rs in runs.items():
             infer, fwd, refine, search, total = (statistics.median(r[i] for r in rs)
                                                  for i in range(5))
             refined, value = rs[-1][5], rs[-1][6]
-            print(f"{cluster_name:22s} {cluster.num_gpus:4d} {beam:4d} "
+            print(f"{cluster_name:22s} {cluster.num_gpus:4d} {label:>5s} "
                   f"{width if beam == 1 else '':>4} {1e3 * infer:9.1f} "
                   f"{1e3 * fwd:7.1f} {1e3 * refine:9.1f} {1e3 * search:9.1f} "
                   f"{1e3 * total:9.1f} {exact_s:8.1f} "
@@ -130,7 +142,8 @@ def suite_latency(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     bundle = load_policy(args.policy)
     print(f"policy {bundle.path}; instances with {args.hosts} hosts; one thread; median of "
-          f"{args.repeats} runs each")
+          f"{args.repeats} runs each; "
+          f"{'one rollout' if args.no_micro_sweep else 'micro-batch sweep'}")
     print(f"{'suite':18s} {'index':>5s} {'total ms':>9s} {'infer ms':>9s} {'refine ms':>9s} "
           f"{'search ms':>9s}  plan value (s)")
     totals: list[float] = []
@@ -149,7 +162,8 @@ def suite_latency(args: argparse.Namespace) -> None:
             for _ in range(args.repeats):
                 start = time.perf_counter()
                 res = plan_with_policy(bundle, policy_problem(bundle, inst),
-                                       improve_evaluations=DEFAULT_EVALUATIONS)
+                                       improve_evaluations=DEFAULT_EVALUATIONS,
+                                       micro_sweep=not args.no_micro_sweep)
                 t = res.timings
                 runs.append((time.perf_counter() - start, t["inference"], t["refine"],
                              t["improve"]))

@@ -22,7 +22,7 @@ Cases (deterministic only: node, step and evaluation budgets, never a clock):
   megatron, random (budget 50), ``local-search`` (``improve_structure`` from metis's plan
   with ``LOCAL_SEARCH_EVALUATIONS`` scored completions, no time limit) and the shipped
   policy as ``hetpar evaluate`` runs it: policy-raw (the rollout alone), policy-greedy
-  (refined rollout), policy (refined, then the structure search with
+  (the sweep's rollouts, refined), policy (the same, then the structure search with
   ``DEFAULT_EVALUATIONS``) and policy-beam (the same from a beam of ``WIDE_BEAM``).
   Combinations where the model fits nowhere are cases too (their error class is stored).
 * ``exact/...``: exact search, one worker, 20 s time limit, on the bundled instances of
@@ -136,7 +136,7 @@ def _policy_bundle() -> Any:
 
 
 def policy_settings() -> dict[str, Any]:
-    from hetpar.agents.planner import DEFAULT_REFINE_STEPS, WIDE_BEAM
+    from hetpar.agents.planner import DEFAULT_REFINE_STEPS, SWEEP_MEMORY, WIDE_BEAM
     from hetpar.costmodel.objective import Objective
     from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
 
@@ -144,7 +144,7 @@ def policy_settings() -> dict[str, Any]:
     return {"objective": Objective.parse(str(defaults.get("objective", "mean"))).name,
             "samples": int(defaults.get("samples", 16)),
             "wide_beam": int(WIDE_BEAM), "improve_evaluations": int(DEFAULT_EVALUATIONS),
-            "refine_steps": int(DEFAULT_REFINE_STEPS)}
+            "refine_steps": int(DEFAULT_REFINE_STEPS), "sweep_memory": int(SWEEP_MEMORY)}
 
 
 def _load_inputs(inputs: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
@@ -193,7 +193,11 @@ def _run(case: dict[str, Any]) -> dict[str, Any]:
         # hetpar.agents.evaluate's call (the suite's Instance) for suites.
         options = {"refine": bool(opts["refine"]), "refine_steps": int(opts["refine_steps"]),
                    "beam": int(opts["beam"]),
-                   "improve_evaluations": int(opts["improve_evaluations"])}
+                   "improve_evaluations": int(opts["improve_evaluations"]),
+                   # Snapshots written before the sweep was the default have no key.
+                   "micro_sweep": bool(opts.get("micro_sweep", False))}
+        if "sweep_memory" in opts:
+            options["sweep_memory"] = int(opts["sweep_memory"])
         if inst is not None:
             options["instance"] = inst
         sol = plan(problem, method, policy=_policy_bundle(), **options)
@@ -279,12 +283,16 @@ def build_cases(settings: dict[str, Any]) -> list[dict[str, Any]]:
                       "options": options or {}, "quick": cid in QUICK})
 
     def policy_options(method: str) -> dict[str, Any]:
-        # hetpar.agents.evaluate's conventions for the four policy methods.
+        # hetpar.agents.evaluate's conventions for the four policy methods: policy and
+        # policy-greedy decode with the sweep.
+        sweep = method in ("policy", "policy-greedy")
         return {"refine": method != "policy-raw",
                 "refine_steps": settings["refine_steps"],
                 "beam": settings["wide_beam"] if method == "policy-beam" else 1,
                 "improve_evaluations": settings["improve_evaluations"]
-                if method in ("policy", "policy-beam") else 0}
+                if method in ("policy", "policy-beam") else 0,
+                "micro_sweep": sweep,
+                **({"sweep_memory": settings["sweep_memory"]} if sweep else {})}
 
     def options(method: str) -> dict[str, Any]:
         if method in POLICY_METHODS:

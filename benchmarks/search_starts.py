@@ -10,12 +10,14 @@ structure search (``hetpar.solvers.local_search.improve_structure``, the search
 ``hetpar plan`` runs after the policy) with the same budget of scored completions
 (``--evaluations``, default ``hetpar plan``'s). The starts:
 
-* ``policy``: the policy's refined rollout (``policy-greedy``: what ``hetpar plan``
-  hands the search), the shipped policy unless ``--policy`` names another;
+* ``policy``: the policy's single refined rollout (``hetpar plan --no-improve
+  --no-micro-sweep``), the shipped policy unless ``--policy`` names another;
 * ``policy-beam``: the same policy decoded with a beam of ``BEAM`` (8), its best
   structures refined (``hetpar plan --no-improve --beam 8``);
-* ``policy-sweep``: the same policy rolled out once per micro-batch count it may choose,
-  refined (``hetpar plan --no-improve --micro-sweep``);
+* ``policy-sweep``: the same policy rolled out once for each of its 3 most likely memory
+  options and each micro-batch count it may then choose,
+  refined (``policy-greedy``, ``hetpar plan --no-improve``: what ``hetpar plan`` hands
+  the search);
 * ``untrained``: the same network with freshly initialised weights (seed 0), planned
   the same way: what the planner's machinery does without learning;
 * ``metis``, ``megatron``: the baselines' plans (Megatron's only where it lies in the
@@ -77,13 +79,14 @@ def start_plan(problem: Problem, inst: Any, start: str, bundles: dict[str, Any],
     t0 = time.perf_counter()
     try:
         if start in ("policy", "untrained"):
-            sol = planning.plan(problem, "policy-greedy", policy=bundles[start], instance=inst)
+            sol = planning.plan(problem, "policy-greedy", policy=bundles[start], instance=inst,
+                                micro_sweep=False)
         elif start == "policy-beam":
             sol = planning.plan(problem, "policy-greedy", policy=bundles["policy"],
                                 instance=inst, beam=BEAM)
         elif start == "policy-sweep":
             sol = planning.plan(problem, "policy-greedy", policy=bundles["policy"],
-                                instance=inst, micro_sweep=True)
+                                instance=inst)
         elif start == "random":
             sol = solve(problem, "random", budget=8, rng_seed=0)
         else:

@@ -1,22 +1,24 @@
 """Plans that cross slow routes: the policy's worst failure mode, measured.
 
     python benchmarks/slow_routes.py [--policy shipped] [--suite train-mixed]
-        [--start 0] [--n 300] [--slow-gbps 2] [--worse 2] [--micro-sweep]
+        [--start 0] [--n 300] [--slow-gbps 2] [--worse 2] [--no-micro-sweep]
 
-For each instance of the suite's range: the policy's refined rollout (``hetpar plan
---no-improve``) and metis's plan, on the reference files' problem (objective mean, 16
-bandwidth states, seed 0; ``--micro-sweep``: ``hetpar plan --no-improve --micro-sweep``).
+For each instance of the suite's range: the policy's refined plan (``hetpar plan
+--no-improve``: the micro-batch sweep, refined) and metis's plan, on the reference files'
+problem (objective mean, 16 bandwidth states, seed 0; ``--no-micro-sweep``: the single
+refined rollout, ``hetpar plan --no-improve --no-micro-sweep``).
 The instances are split by whether the cluster has a route whose
 bottleneck mean bandwidth is below ``--slow-gbps``; for each group the script prints the
 median and p90 of T_policy / T_metis and how many plans are more than ``--worse`` times
 metis's, and for each of those the slowest route each plan crosses: a data-parallel ring
 (two hosts of one stage) or a pipeline transfer (a host of a stage and one of the next).
 
-On the training pool (train-mixed 0-299, 6 December 2026) the shipped policy's plan was
-more than twice metis's on 4 of the 35 instances with a route below 2 Gb/s and on 1 of
-the other 265: the failures are a learning failure on slow routes, not only a matter of
-clusters the policy never saw (docs/history/agents-history.md, "DAgger"). With
-``--micro-sweep``: on 1 of the 35 and 0 of the 265 (docs/agents.md, "Where it fails").
+On the training pool (train-mixed 0-299, 6 December 2026) the shipped policy's single
+refined rollout was more than twice metis's on 4 of the 35 instances with a route below
+2 Gb/s and on 1 of the other 265: the failures are a learning failure on slow routes,
+not only a matter of clusters the policy never saw (docs/history/agents-history.md,
+"DAgger"). With the sweep: on 1 of the 35 and 0 of the 265 (docs/agents.md, "Where it
+fails").
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--slow-gbps", type=float, default=2.0)
     ap.add_argument("--worse", type=float, default=2.0)
-    ap.add_argument("--micro-sweep", action="store_true")
+    ap.add_argument("--micro-sweep", action=argparse.BooleanOptionalAction, default=True)
     a = ap.parse_args()
     bundle = load_policy(None if a.policy == "shipped" else a.policy)
     suite = load_suite(a.suite)

@@ -262,6 +262,21 @@ def test_the_evaluation_budget_bounds_the_climb():
     assert tight.moves == 0 and tight.value >= full.value
 
 
+def test_the_neighbour_budget_bounds_the_climb():
+    _, _, _, obj, cm, space = _setup(12)
+    plan = _worst_plan(cm, space, obj, np.random.default_rng(0))
+    assert plan is not None
+    full = improve_structure(cm, space, obj, plan, max_evaluations=None, max_neighbours=None)
+    assert full.neighbours > 3
+    for most in (1, 3):
+        part = improve_structure(cm, space, obj, plan, max_evaluations=None,
+                                 max_neighbours=most)
+        assert part.neighbours == most  # asked before each completion
+        assert full.value <= part.value
+    # The default reaches none of this climb's neighbours: the same plan as no cap.
+    assert improve_structure(cm, space, obj, plan, max_evaluations=None).plan == full.plan
+
+
 @pytest.fixture(scope="module")
 def shipped():
     from hetpar.agents.io import default_policy_path, load_policy

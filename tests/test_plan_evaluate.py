@@ -134,9 +134,11 @@ def test_plan_cli_json_gap_is_consistent(capsys, policy8):
     assert cmp_["method"] == "megatron"
     assert cmp_["policy_gap"] == pytest.approx(doc["value_s"] / cmp_["value_s"] - 1)
     assert doc["timings_s"]["inference"] > 0 and doc["plan"]["stages"]
-    # The default: one rollout, refined, then the structure search.
+    # The default: one rollout per allowed micro-batch count, refined, then the structure
+    # search.
     d = doc["details"]
-    assert d["beam"] == 1 and d["candidates"] == 1 and doc["timings_s"]["improve"] > 0
+    assert d["beam"] == 1 and d["micro_sweep"] and d["candidates"] > 1
+    assert doc["timings_s"]["improve"] > 0
     assert doc["value_s"] <= d["improved_from"] <= d["raw_value"]
     # The compared method's result has the same fields as the policy's.
     assert set(cmp_) - {"policy_gap"} == set(doc) - {"compare"}
@@ -166,20 +168,48 @@ def test_plan_cli_beam_one_is_the_single_rollout_and_zero_is_refused(capsys, pol
     assert_one_line_error(code, err, "--beam")
 
 
-def test_plan_cli_micro_sweep_rolls_out_every_count_and_refuses_a_beam(capsys, policy8):
+def test_plan_cli_micro_sweep_is_the_default_and_refuses_a_beam(capsys, policy8):
     code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
-                         "--model", "gpt2-medium", "--json", "--no-improve")
+                         "--model", "gpt2-medium", "--json", "--no-improve",
+                         "--no-micro-sweep")
     assert code == 0, err
     one = json.loads(out)
+    assert not one["details"]["micro_sweep"] and one["details"]["candidates"] == 1
+    for flags in ((), ("--micro-sweep",)):
+        code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                             "--model", "gpt2-medium", "--json", "--no-improve", *flags)
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["details"]["micro_sweep"] and doc["details"]["candidates"] > 1
+        assert doc["value_s"] <= one["value_s"] * (1 + 1e-12)
+    # A beam replaces the default sweep; asking for both is refused in one line.
     code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
-                         "--model", "gpt2-medium", "--json", "--no-improve", "--micro-sweep")
+                         "--model", "gpt2-medium", "--json", "--no-improve", "--beam", "2")
     assert code == 0, err
-    doc = json.loads(out)
-    assert doc["details"]["micro_sweep"] and doc["details"]["candidates"] > 1
-    assert doc["value_s"] <= one["value_s"] * (1 + 1e-12)
+    assert not json.loads(out)["details"]["micro_sweep"]
     code, _, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
                        "--model", "gpt2-medium", "--beam", "2", "--micro-sweep")
     assert_one_line_error(code, err, "beam or the sweep")
+
+
+def test_plan_cli_sweep_memory_sets_the_memory_options_swept(capsys, policy8):
+    docs = {}
+    for k in ("1", "3"):
+        code, out, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                             "--model", "gpt2-medium", "--json", "--no-improve",
+                             "--sweep-memory", k)
+        assert code == 0, err
+        docs[k] = json.loads(out)
+        assert docs[k]["details"]["sweep_memory"] == int(k)
+    # More memory options: more rollouts, and the policy's own option's among them.
+    assert docs["3"]["details"]["candidates"] >= docs["1"]["details"]["candidates"]
+    assert docs["3"]["details"]["raw_value"] <= docs["1"]["details"]["raw_value"] * (1 + 1e-12)
+    for flags, text in ((("--sweep-memory", "0"), "--sweep-memory"),
+                        (("--sweep-memory", "2", "--beam", "2"), "only with the sweep"),
+                        (("--sweep-memory", "2", "--no-micro-sweep"), "only with the sweep")):
+        code, _, err = run(capsys, "plan", "--policy", policy8, "--cluster", "cloud-mixed",
+                           "--model", "gpt2-medium", *flags)
+        assert_one_line_error(code, err, text)
 
 
 def test_plan_cluster_larger_than_max_hosts_is_planned_in_slices(capsys, policy2, tmp_path):

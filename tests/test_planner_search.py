@@ -14,7 +14,7 @@ from sb3_contrib import MaskablePPO  # noqa: E402
 
 from hetpar.agents.inference import NumpyLogits  # noqa: E402
 from hetpar.agents.io import default_policy_path, load_policy  # noqa: E402
-from hetpar.agents.planner import BUDGET_MARGIN_S, forward_for  # noqa: E402
+from hetpar.agents.planner import BUDGET_MARGIN_S, SWEEP_MEMORY, forward_for  # noqa: E402
 from hetpar.agents.planner import plan_with_policy, policy_problem  # noqa: E402
 from hetpar.agents.planner import instance_of as planner_instance  # noqa: E402
 from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
@@ -501,15 +501,30 @@ def test_micro_sweep_is_never_worse_than_the_greedy_rollout(shipped, suite, inde
     assert sweep.details["raw_value"] <= greedy.details["raw_value"] * (1 + 1e-12)
     assert sweep.value <= greedy.value * (1 + 1e-12)
     validate_plan(sweep.plan, inst.cluster, inst.model, inst.training)
-    # One candidate per micro-batch count the masks allow after the policy's memory choice.
+    # One candidate per micro-batch count the masks allow after each of the policy's
+    # SWEEP_MEMORY most likely memory options.
     env = PlanBuilderEnv([inst], max_hosts=shipped.max_hosts, bandwidth="robust", samples=4)
     obs, _ = env.reset(options={"instance": 0})
     forward = forward_for(shipped.model.policy)
-    while env.phase_name() != "micro_batches":
-        mask = env.action_masks()
-        obs, *_ = env.step(int(np.argmax(np.where(mask, forward([obs], [mask])[0], -np.inf))))
-    counts = int(env.action_masks().sum())
-    assert sweep.details["candidates"] == counts >= 1
+    mask = env.action_masks().copy()
+    logits = forward([obs], [mask])[0]
+    options = sorted(np.flatnonzero(mask), key=lambda a: -logits[a])[:SWEEP_MEMORY]
+    root = env.snapshot()
+    counts = 0
+    for option in options:
+        env.restore(root)
+        obs, *_ = env.step(int(option))
+        while env.phase_name() != "micro_batches":
+            mask = env.action_masks()
+            obs, *_ = env.step(int(np.argmax(np.where(mask, forward([obs], [mask])[0],
+                                                      -np.inf))))
+        counts += int(env.action_masks().sum())
+    assert sweep.details["candidates"] == counts >= len(options)
+    assert sweep.details["sweep_memory"] == SWEEP_MEMORY
+    # One memory option: the counts after the policy's own choice only, a subset.
+    own = _plan(shipped, inst, samples=4, micro_sweep=True, sweep_memory=1)
+    assert own.details["candidates"] < counts or len(options) == 1
+    assert sweep.details["raw_value"] <= own.details["raw_value"] * (1 + 1e-12)
     # Deterministic.
     assert _plan(shipped, inst, samples=4, micro_sweep=True).plan == sweep.plan
 
@@ -518,6 +533,8 @@ def test_micro_sweep_and_a_beam_are_refused_together(shipped):
     inst = load_suite("test-iid").instance(0)
     with pytest.raises(ConfigError, match="beam or the sweep"):
         _plan(shipped, inst, samples=2, beam=2, micro_sweep=True)
+    with pytest.raises(ConfigError, match="sweep_memory"):
+        _plan(shipped, inst, samples=2, micro_sweep=True, sweep_memory=0)
 
 
 def test_micro_sweep_through_the_planning_entry_point(shipped):
@@ -531,3 +548,27 @@ def test_micro_sweep_through_the_planning_entry_point(shipped):
                           micro_sweep=True)
     assert swept.value <= raw.value * (1 + 1e-12)
     assert swept.details["candidates"] > 1
+
+
+def test_refined_policy_methods_sweep_by_default_and_a_beam_replaces_the_sweep(shipped):
+    from hetpar.agents import planning
+    from hetpar.problem import Problem
+
+    inst = load_suite("test-geo").instance(10)
+    problem = Problem.from_instance(inst, samples=4, seed=0)
+    greedy = planning.plan(problem, "policy-greedy", policy=shipped, instance=inst)
+    assert greedy.details["micro_sweep"] and greedy.details["candidates"] > 1
+    # The same as asking the planner for the sweep, refined.
+    direct = plan_with_policy(shipped, problem, instance=inst, micro_sweep=True)
+    assert greedy.plan == direct.plan and greedy.value == direct.value
+    one = planning.plan(problem, "policy-greedy", policy=shipped, instance=inst,
+                        micro_sweep=False)
+    assert not one.details["micro_sweep"] and greedy.value <= one.value * (1 + 1e-12)
+    raw = planning.plan(problem, "policy-raw", policy=shipped, instance=inst)
+    assert not raw.details["micro_sweep"] and raw.details["candidates"] == 1
+    single = planning.plan(problem, "policy-greedy", policy=shipped, instance=inst, beam=1)
+    assert not single.details["micro_sweep"] and single.plan == one.plan
+    beam = planning.plan(problem, "policy-greedy", policy=shipped, instance=inst, beam=2)
+    assert beam.details["beam"] == 2 and not beam.details["micro_sweep"]
+    assert not planning.plan(problem, "policy-beam", policy=shipped,
+                             instance=inst).details["micro_sweep"]

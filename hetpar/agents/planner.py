@@ -61,6 +61,14 @@ _MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environmen
 # With a beam: besides the greedy rollout's structure, how many of the best distinct
 # structures are refined.
 REFINE_CANDIDATES = 2
+# The sweep (``_micro_sweep``): how many of the policy's most likely memory options it
+# rolls out from (each with every micro-batch count), and how many of its best distinct
+# structures it refines besides the policy's own. On the 100 held-out instances, refined:
+# the policy's own memory option alone 1.4% median, 17.6% p90 gap (0.10 s); the 3 most
+# likely 1.2%, 10.0% (0.25 s); all 6 0.9%, 7.9% (0.49 s); with 3, refining 2 structures
+# instead of 8 gave 1.3%, 12.1% (0.19 s) (docs/agents.md, "The sweep").
+SWEEP_MEMORY = 3
+SWEEP_REFINE_CANDIDATES = 8
 # Beam width of `hetpar plan` (1: the single most likely rollout). With the structure
 # search after it a wider beam rarely pays for its several-fold longer inference
 # (docs/agents.md has the measurement). Re-planning uses its own, REPLAN_BEAM.
@@ -223,13 +231,13 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
                      threads: int | None = 1, source: str = "", refine: bool = True,
                      refine_steps: int | None = DEFAULT_REFINE_STEPS,
                      refine_time: float | None = None, beam: int = 1,
-                     refine_candidates: int = REFINE_CANDIDATES,
+                     refine_candidates: int | None = None,
                      cache: PlanCache | None = None,
                      incumbent: float = math.inf,
                      budget_s: float | None = None,
                      improve_evaluations: int = 0,
                      speculate: int = SPECULATE, runtime: str = "any",
-                     micro_sweep: bool = False) -> Solution:
+                     micro_sweep: bool = False, sweep_memory: int = SWEEP_MEMORY) -> Solution:
     """One deterministic masked rollout of ``bundle``'s policy on ``problem``.
 
     The plan is scored by ``problem`` (its objective over its bandwidth states; make one
@@ -243,7 +251,8 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     module docstring). ``beam`` > 1 runs a beam search of that width over the policy's
     log-probabilities instead of the single most-likely rollout (see the module
     docstring); besides the greedy rollout's structure, the ``refine_candidates`` best
-    other structures it finished are refined. ``improve_evaluations`` > 0 then runs the
+    other structures it finished are refined (None: ``REFINE_CANDIDATES``, with the sweep
+    ``SWEEP_REFINE_CANDIDATES``). ``improve_evaluations`` > 0 then runs the
     structure search (``hetpar.solvers.local_search.improve_structure``) with that many
     scored completions at most. ``cache`` (a ``PlanCache``) keeps the
     environment and cost model between calls for clusters of one topology under changing
@@ -260,9 +269,10 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     environment's masks allow only plans that framework runs, and the refinement keeps to
     its layer splits; the structure search, which moves outside such plans, is not run
     (``details["improve_skipped"]`` says so). ``micro_sweep`` rolls the policy out once for
-    every micro-batch count the masks allow (``_micro_sweep``), greedily everywhere else,
-    instead of once: the rollouts' plans are the candidates, ranked and refined as a beam's
-    are; it excludes ``beam`` > 1. Raises ConfigError
+    each of its ``sweep_memory`` most likely memory options and every micro-batch count the
+    masks then allow (``_micro_sweep``), greedily everywhere else, instead of once: the
+    rollouts' plans are the candidates, ranked and refined as a beam's are; it excludes
+    ``beam`` > 1. Raises ConfigError
     when the cluster has more hosts than the policy's ``max_hosts`` (``source``, e.g. the
     cluster file, names it).
     """
@@ -290,6 +300,13 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     if micro_sweep and beam > 1:
         raise ConfigError("", "beam", "a micro-batch sweep rolls out greedily: give a beam "
                                       "or the sweep, not both")
+    if sweep_memory < 1:
+        raise ConfigError("", "sweep_memory", f"must be at least 1, got {sweep_memory}")
+    if refine_candidates is None:
+        refine_candidates = SWEEP_REFINE_CANDIDATES if micro_sweep else REFINE_CANDIDATES
+    if refine_candidates < 0:
+        raise ConfigError("", "refine_candidates",
+                          f"must be at least 0, got {refine_candidates}")
     from hetpar.runtime.rules import get_runtime
 
     restricted = not get_runtime(runtime).unrestricted
@@ -331,7 +348,8 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         start = time.perf_counter()
         with torch.inference_mode():
             if micro_sweep:
-                candidates, info, stats = _micro_sweep(env, forward, obs, bundle, speculate)
+                candidates, info, stats = _micro_sweep(env, forward, obs, bundle, speculate,
+                                                       sweep_memory)
             elif beam <= 1:
                 plan, info, stats = _greedy(env, forward, obs, bundle, speculate)
                 candidates = [plan]
@@ -413,7 +431,7 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     env_value = float(info.get("objective_s", math.nan))
     details: dict[str, Any] = {
         "policy": _policy_name(bundle), "steps": steps, "forced": forced, "beam": beam,
-        "micro_sweep": micro_sweep,
+        "micro_sweep": micro_sweep, "sweep_memory": sweep_memory if micro_sweep else None,
         "candidates": len(candidates), "raw_value": raw_value,
         "env_value": env_value if math.isfinite(env_value) else None,
         "refine_complete": complete, "improve_evaluations": improve_evaluations,
@@ -584,45 +602,66 @@ def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: Polic
 
 
 def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
-                 lookahead: int = SPECULATE,
+                 lookahead: int = SPECULATE, memory: int = SWEEP_MEMORY,
                  ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
-    """One greedy rollout (``_greedy``) for every micro-batch count the masks allow, the
-    policy's own choices before it; the plans, the policy's own count's first.
+    """One greedy rollout (``_greedy``) for each of the policy's ``memory`` most likely
+    memory options and every micro-batch count the masks then allow, the policy's own
+    choices elsewhere; the plans, the policy's own (most likely option and count) first.
 
-    The count is the episode's second decision, made before any stage exists, and it fixes
-    how much of a stage's memory activations take: a count that makes the fast hosts'
-    stages too small forces the rest of the model onto slower hosts or across slow routes,
-    which is where the policy's worst plans come from (docs/agents.md, "Where it fails").
-    Every other decision stays the policy's."""
-    steps = forced = 0
-    forward_s = 0.0
-    while env.phase_name() != "micro_batches":
-        mask = env.action_masks()
-        t0 = time.perf_counter()
-        logits = forward([obs], [mask])[0]
-        forward_s += time.perf_counter() - t0
-        obs, _, _, _, _ = env.step(int(np.argmax(np.where(mask, logits, -np.inf))))
-        steps += 1
-    root, mask = env.snapshot(), env.action_masks().copy()
-    allowed = np.flatnonzero(mask)
-    if len(allowed) > 1:
-        t0 = time.perf_counter()
-        logits = forward([obs], [mask])[0]
-        forward_s += time.perf_counter() - t0
-        allowed = allowed[np.argsort(-logits[allowed], kind="stable")]
-    else:
-        forced += 1
+    Both are decided before any stage exists. The count fixes how much of a stage's memory
+    activations take, and the memory option (recompute, ZeRO) which stage shapes fit: a
+    choice that makes the fast hosts' stages too small forces the rest of the model onto
+    slower hosts or across slow routes, which is where the policy's worst plans come from
+    (docs/agents.md, "Where it fails"). The refinement re-chooses both for each plan's
+    structure, so what the sweep varies is the structures the policy builds."""
+    counters = [0, 0, 0.0]  # steps, forced steps, forward seconds
+
+    def ranked(o: dict[str, Any]) -> np.ndarray:
+        """The current state's allowed actions, most likely first."""
+        mask = env.action_masks().copy()
+        allowed = np.flatnonzero(mask)
+        if len(allowed) > 1:
+            t0 = time.perf_counter()
+            logits = forward([o], [mask])[0]
+            counters[2] += time.perf_counter() - t0
+            allowed = allowed[np.argsort(-logits[allowed], kind="stable")]
+        else:
+            counters[1] += 1
+        return allowed
+
+    def step(action: int) -> dict[str, Any]:
+        counters[0] += 1
+        child, _, _, _, _ = env.step(action)
+        return child
+
     plans: list[Plan] = []
     info: dict[str, Any] = {}
-    for n, action in enumerate(allowed):
-        env.restore(root, observe=False)
-        child, _, _, _, _ = env.step(int(action))
-        plan, step_info, (s, f, fs) = _greedy(env, forward, child, bundle, lookahead)
-        plans.append(plan)
-        if n == 0:
-            info = step_info
-        steps, forced, forward_s = steps + s + 1, forced + f, forward_s + fs
-    return plans, info, (steps, forced, forward_s)
+    starts: list[tuple[Any, dict[str, Any]]] = []  # (state, observation) at the count
+    if env.phase_name() == "memory":
+        root = env.snapshot()
+        for action in ranked(obs)[:memory]:
+            env.restore(root, observe=False)
+            o = step(int(action))
+            while env.phase_name() != "micro_batches":
+                o = step(int(ranked(o)[0]))
+            starts.append((env.snapshot(), o))
+    else:
+        while env.phase_name() != "micro_batches":
+            obs = step(int(ranked(obs)[0]))
+        starts.append((env.snapshot(), obs))
+    for state, o in starts:
+        env.restore(state, observe=False)
+        for action in ranked(o):
+            env.restore(state, observe=False)
+            plan, step_info, (s, f, fs) = _greedy(env, forward, step(int(action)), bundle,
+                                                  lookahead)
+            plans.append(plan)
+            if not info:
+                info = step_info
+            counters[0] += s
+            counters[1] += f
+            counters[2] += fs
+    return plans, info, (int(counters[0]), int(counters[1]), float(counters[2]))
 
 
 class _StageGuess:

@@ -17,11 +17,15 @@ Methods (``METHODS``):
 * ``policy``, ``policy-beam``, ``policy-greedy``, ``policy-raw``: a trained policy
   (``hetpar.agents.planner.plan_with_policy``; ``policy=`` a loaded bundle or a policy
   file, None for the shipped one). Each name presets the planner's settings
-  (``POLICY_PRESETS``): ``policy`` is ``hetpar plan``'s default (the single most likely
-  rollout, its refinement, then the structure search), ``policy-beam`` the same from a
-  beam search, ``policy-greedy`` the refined rollout without the structure search and
-  ``policy-raw`` the rollout alone. Options (``beam``, ``refine``, ``refine_steps``,
-  ``improve_evaluations``, ``cache``, ``incumbent``, ``budget_s``, ...) override them.
+  (``policy_presets``): ``policy`` is ``hetpar plan``'s default (the sweep: the most
+  likely rollout for each of the policy's 3 most likely memory options and each
+  micro-batch count the masks then allow, their refinement, then the structure search
+  from the best), ``policy-beam`` the same from a beam search instead of the sweep,
+  ``policy-greedy`` the refined sweep without the structure search and ``policy-raw``
+  the single most likely rollout alone. Options (``beam``, ``refine``, ``micro_sweep``,
+  ``sweep_memory``, ``refine_steps``, ``improve_evaluations``, ``cache``, ``incumbent``,
+  ``budget_s``, ...) override them; a ``beam`` given (1: the single most likely rollout) turns the sweep
+  off unless ``micro_sweep`` is also given.
   On a cluster of more hosts than the policy observes (its ``max_hosts``) the policy
   plans replica slices (``hetpar.agents.sliced``; option ``slice_sizes``, the most hosts
   of each slice tried).
@@ -61,7 +65,7 @@ _LOCAL_SEARCH_OPTIONS = frozenset({"max_evaluations", "neighbour_steps", "time_l
 _POLICY_OPTIONS = frozenset({"beam", "refine", "refine_steps", "refine_time",
                              "refine_candidates", "improve_evaluations", "threads", "source",
                              "cache", "incumbent", "budget_s", "speculate", "instance",
-                             "slice_sizes", "runtime", "micro_sweep"})
+                             "slice_sizes", "runtime", "micro_sweep", "sweep_memory"})
 
 
 def policy_presets() -> dict[str, dict[str, Any]]:
@@ -72,12 +76,18 @@ def policy_presets() -> dict[str, dict[str, Any]]:
     from hetpar.agents.planner import DEFAULT_BEAM, WIDE_BEAM
     from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
 
-    return {"policy": {"beam": DEFAULT_BEAM, "refine": True,
+    # The refined methods sweep the memory option and the micro-batch count
+    # (``planner._micro_sweep``): on the 100 held-out instances it took the refined
+    # rollout's p90 gap from 121% to 10.0% (docs/agents.md, "The sweep"). ``policy-raw``
+    # stays the network's own single rollout, what the training is measured by.
+    return {"policy": {"beam": DEFAULT_BEAM, "refine": True, "micro_sweep": True,
                        "improve_evaluations": DEFAULT_EVALUATIONS},
-            "policy-beam": {"beam": WIDE_BEAM, "refine": True,
+            "policy-beam": {"beam": WIDE_BEAM, "refine": True, "micro_sweep": False,
                             "improve_evaluations": DEFAULT_EVALUATIONS},
-            "policy-greedy": {"beam": 1, "refine": True, "improve_evaluations": 0},
-            "policy-raw": {"beam": 1, "refine": False, "improve_evaluations": 0}}
+            "policy-greedy": {"beam": 1, "refine": True, "micro_sweep": True,
+                              "improve_evaluations": 0},
+            "policy-raw": {"beam": 1, "refine": False, "micro_sweep": False,
+                           "improve_evaluations": 0}}
 
 
 def plan(problem: Problem, method: str, *, policy: Any = None, **options: Any) -> Solution:
@@ -221,11 +231,22 @@ def _policy(problem: Problem, method: str, policy: Any, options: dict[str, Any])
     from hetpar.agents import planner
 
     settings = {**policy_presets()[method], **options}
+    if "beam" in options and "micro_sweep" not in options:
+        # A beam asked for, 1 (the single most likely rollout) included, replaces the sweep.
+        settings["micro_sweep"] = False
     bundle = _bundle(policy)
     sizes = settings.pop("slice_sizes", None)
     if len(problem.cluster.hosts) > bundle.max_hosts:
         # More hosts than the policy observes: it plans replica slices (agents/sliced.py).
         from hetpar.agents.sliced import SLICE_SIZES, plan_on_slices
+
+        if "micro_sweep" not in options:
+            # One rollout per slice unless asked: on test-xl the sweep took the median
+            # planning time from 0.31 to 1.2 s (1.4 s on 2,025 hosts, where the target is
+            # 1 s) and, the slices being ranked by their own value, its expanded plan was
+            # worse than one rollout's on 3 of 20 (docs/agents.md, "Clusters larger than
+            # the policy").
+            settings["micro_sweep"] = False
 
         return plan_on_slices(bundle, problem, method=method,
                               sizes=tuple(sizes or SLICE_SIZES), **settings)

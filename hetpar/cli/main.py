@@ -746,13 +746,15 @@ def _cmd_suite_list(args: argparse.Namespace, console: Console) -> int:
 def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
         "plan", help="plan with a trained policy in about a second",
-        description="Build a plan with a trained policy: its single most likely masked "
-                    "rollout in the plan-building environment (--beam W: a beam search of "
-                    "that width over its decisions); the exact layer-split search then picks "
+        description="Build a plan with a trained policy: its most likely masked rollout "
+                    "in the plan-building environment for each of its 3 most likely memory "
+                    "options and each micro-batch count it may then choose (--beam W: a "
+                    "beam search of that width over its decisions instead); the exact "
+                    "layer-split search then picks "
                     "the best micro-batch count, recompute mode and layer split for the "
                     "plan's structure (stages, TP degrees, hosts), and a local search over "
                     "structures a few edits away, each completed exactly, looks for a better "
-                    "one (--no-improve skips it: the plan in tens of milliseconds). Without "
+                    "one (--no-improve skips it: the plan in about half a second). Without "
                     "--policy it uses the default policy shipped with hetpar. The plan is "
                     "scored over --samples bandwidth states drawn with --seed, as 'hetpar "
                     "solve' scores its plans.")
@@ -778,14 +780,20 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                     help="time limit of the exact search for --compare exact (a search it "
                          "stops may return another plan on another run)")
     pl.add_argument("--beam", type=int, default=None, metavar="W",
-                    help="beam width of the search over the policy's decisions (default 1: "
-                         "the single most likely rollout; 4 finds a better start now and "
-                         "then, at about 4x the inference time)")
-    pl.add_argument("--micro-sweep", action="store_true",
-                    help="roll the policy out once for every micro-batch count it may choose "
-                         "(greedy elsewhere) and keep the best: the count is chosen before "
-                         "any stage, and a poor one makes the policy's worst plans; 2-8 "
-                         "rollouts instead of one (not with --beam)")
+                    help="beam width of the search over the policy's decisions instead of "
+                         "the micro-batch sweep (1: the single most likely rollout; 4 finds "
+                         "a better start now and then, at about 4x the inference time)")
+    pl.add_argument("--micro-sweep", action=argparse.BooleanOptionalAction, default=None,
+                    help="roll the policy out once for each of its --sweep-memory most likely "
+                         "memory options and every micro-batch count it may then choose "
+                         "(greedy elsewhere) and refine the best: both are chosen before any "
+                         "stage, and a poor choice makes the policy's worst plans; 5-28 "
+                         "rollouts instead of one (default: on, except with --beam or "
+                         "--no-refine; --no-micro-sweep: the single most likely rollout)")
+    pl.add_argument("--sweep-memory", type=int, default=None, metavar="K",
+                    help="memory options (recompute, ZeRO) the sweep rolls out from, most "
+                         "likely first (default 3; 1: the policy's own only, a third of the "
+                         "time; the largest number: all of them, about twice the time)")
     pl.add_argument("--no-refine", action="store_true",
                     help="keep the rollout's plan as it is (no exact layer split, no "
                          "structure search)")
@@ -798,8 +806,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                          "200000, about a second on one core; a count, so the plan is the "
                          "same on every machine; 0 turns it off)")
     pl.add_argument("--no-improve", action="store_true",
-                    help="skip the structure search: the policy's refined plan in tens of "
-                         "milliseconds")
+                    help="skip the structure search: the policy's refined plan (the sweep "
+                         "takes about half a second; --no-micro-sweep tens of milliseconds)")
     pl.add_argument("--runtime", choices=RUNTIME_CHOICES, default="any",
                     help=RUNTIME_HELP + ". For megatron or deepspeed the policy plans under "
                          "masks that allow only the plans that framework runs, the "
@@ -896,17 +904,34 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
                              samples=args.samples, seed=args.seed, constants=constants)
     refine = not args.no_refine
     method = policy_method(beam, refine, args.improve)
+    # Unless told, the method's preset decides how to decode: the refined methods sweep the
+    # memory option and the micro-batch count (except on a cluster planned in replica
+    # slices), and a --beam given, 1 included, decodes that beam instead.
+    sweep: dict[str, Any] = {} if args.beam is None else {"beam": beam}
+    if args.micro_sweep is not None:
+        sweep["micro_sweep"] = args.micro_sweep
+    elif not refine:
+        sweep["micro_sweep"] = False
+    if args.sweep_memory is not None:
+        if args.sweep_memory < 1:
+            raise ConfigError("--sweep-memory", "",
+                              f"must be at least 1, got {args.sweep_memory}")
+        if sweep.get("micro_sweep") is False or (args.beam is not None and
+                                                 not args.micro_sweep):
+            raise ConfigError("--sweep-memory", "", "only with the sweep (not with --beam, "
+                                                    "--no-refine or --no-micro-sweep)")
+        sweep["sweep_memory"] = args.sweep_memory
     result = planning.plan(problem, method, policy=bundle, source=args.cluster, refine=refine,
-                           refine_steps=args.refine_steps, beam=beam,
-                           improve_evaluations=args.improve, micro_sweep=args.micro_sweep)
+                           refine_steps=args.refine_steps,
+                           improve_evaluations=args.improve, **sweep)
     unrestricted = None  # the policy's plan over the whole space, when a runtime restricts
     runtime_policy = None  # the policy's own plan under the runtime's masks
     if args.runtime != "any":
         unrestricted = result
         result = runtime_policy = planning.plan(
             problem, method, policy=bundle, source=args.cluster, refine=refine,
-            refine_steps=args.refine_steps, beam=beam, improve_evaluations=args.improve,
-            runtime=args.runtime, micro_sweep=args.micro_sweep)
+            refine_steps=args.refine_steps, improve_evaluations=args.improve,
+            runtime=args.runtime, **sweep)
         if args.improve:
             with console.status(f"searching the plans {args.runtime} can run",
                                 spinner="dots"):

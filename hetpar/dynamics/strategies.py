@@ -296,7 +296,9 @@ class Planners:
                                      self.training, objective=mean, samples=1)
                 sol: Solution | None = planning.plan(
                     problem, "policy-greedy", policy=bundle, beam=self.beam or REPLAN_BEAM,
-                    refine=True, improve_evaluations=0,
+                    # One rollout, not the planner's micro-batch sweep: a decision is
+                    # due in milliseconds (the sweep rolls out 5-28 times).
+                    micro_sweep=False, refine=True, improve_evaluations=0,
                     refine_steps=self.refine_steps or REPLAN_REFINE_STEPS,
                     refine_candidates=REFINE_CANDIDATES if self.refine_candidates is None
                     else self.refine_candidates,

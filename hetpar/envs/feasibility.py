@@ -32,6 +32,7 @@ import math
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from hetpar.costmodel.estimate import CostModel
@@ -123,6 +124,9 @@ class Completions:
         self._all = bits_upto(self.layers)
         self._singletons = all(len(g) == 1 for g in classes.groups)
         self._keys: dict[tuple[int, ...], tuple] = {}  # free vector -> canonical key
+        # Per group of alike hosts: its one host, or a getter of its hosts' free counts.
+        self._key_parts: tuple[int | itemgetter, ...] = tuple(
+            g[0] if len(g) == 1 else itemgetter(*g) for g in classes.groups)
         self._caps: dict[tuple, int] = {}
         self._density: dict[tuple, float] = {}
         self._witness: dict[tuple, int] = {}  # canonical closed state -> witnessed counts
@@ -207,8 +211,8 @@ class Completions:
         hit = self._keys.get(raw)
         if hit is None:
             hit = self._keys[raw] = tuple(
-                [free[g[0]] if len(g) == 1 else tuple(sorted([free[h] for h in g]))
-                 for g in self.classes.groups])
+                [free[g] if type(g) is int else tuple(sorted(g(free)))
+                 for g in self._key_parts])
         return hit
 
     def density(self, cls: int, j: int) -> float:

@@ -50,6 +50,13 @@ Structure = tuple[StageChoice, ...]
 # Scored completions per climb: at most about a second on one core at 16 bandwidth samples
 # (about 5 us each).
 DEFAULT_EVALUATIONS = 200_000
+# Neighbour structures completed per climb at most. Scored completions bound a climb's time
+# only while a completion's set-up is small beside its scoring: from a 24-stage start
+# (test-hard-5 under the sweep) each neighbour cost 4.6 ms for 34 scored completions, and
+# the climb took 57 s within the 200,000. On 29 held-out climbs from the sweep's starts the
+# most neighbours completed was 679 (docs/agents.md, "Planning"), so a count (the same plan
+# on every machine) that none of them reaches.
+DEFAULT_NEIGHBOURS = 1_000
 
 
 @dataclass(frozen=True)
@@ -325,12 +332,14 @@ def _even_replicas(space: PlanSpace, merged: list[tuple[str, int, dict[int, int]
 def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, plan: Plan, *,
                       max_evaluations: int | None = DEFAULT_EVALUATIONS,
                       neighbour_steps: int = 150, time_limit: float | None = None,
-                      beat: float = math.inf, depth: int = 2) -> Improvement:
+                      beat: float = math.inf, depth: int = 2,
+                      max_neighbours: int | None = DEFAULT_NEIGHBOURS) -> Improvement:
     """Hill-climb from ``plan``'s structure: complete every neighbour exactly (within
     ``neighbour_steps`` search steps each) and move to the best one that improves, until
     none does (with ``depth`` 2, also none two edits away) or ``max_evaluations`` scored
     completions (over the whole climb; the
-    budget that sets its cost) or ``time_limit`` seconds are spent. ``plan`` itself is
+    budget that sets its cost), ``max_neighbours`` neighbour completions or ``time_limit``
+    seconds are spent. ``plan`` itself is
     refined first. ``beat``: a value the caller already holds (only better completions
     are sought; the refined ``plan`` comes back when none is found)."""
     start = time.perf_counter()
@@ -343,8 +352,10 @@ def improve_structure(cm: CostModel, space: PlanSpace, objective: Objective, pla
     steps, used, neighbours = first.steps, first.evaluations, 0
     current, _ = space.decompose(best_plan)
 
+    most = math.inf if max_neighbours is None else max_neighbours
+
     def spent() -> bool:
-        return used >= budget or time.perf_counter() >= deadline
+        return used >= budget or neighbours >= most or time.perf_counter() >= deadline
 
     # Every structure completed so far: one that did not beat the target then cannot
     # beat it now (targets only fall), so none is completed twice.

@@ -17,8 +17,8 @@ On the training pool (train-mixed 0-299, 6 December 2026) the shipped policy's s
 refined rollout was more than twice metis's on 4 of the 35 instances with a route below
 2 Gb/s and on 1 of the other 265: the failures are a learning failure on slow routes,
 not only a matter of clusters the policy never saw (docs/history/agents-history.md,
-"DAgger"). With the sweep: on 1 of the 35 and 0 of the 265 (docs/agents.md, "Where it
-fails").
+"DAgger"). With the sweep of 3 memory options (the default since 7 December): on none of
+either (docs/agents.md, "Where it fails").
 """
 
 from __future__ import annotations

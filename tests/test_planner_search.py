@@ -529,6 +529,20 @@ def test_micro_sweep_is_never_worse_than_the_greedy_rollout(shipped, suite, inde
     assert _plan(shipped, inst, samples=4, micro_sweep=True).plan == sweep.plan
 
 
+def test_micro_sweep_under_a_spent_budget_keeps_the_policys_own_rollout(shipped):
+    """A budget bounds the sweep as it bounds the refinement: past its share no rollout is
+    started, and the policy's own (most likely memory option and count) always runs."""
+    inst = load_suite("test-larger").instance(0)
+    full = _plan(shipped, inst, samples=2, micro_sweep=True, refine=False)
+    assert full.details["candidates"] > 1
+    spent = _plan(shipped, inst, samples=2, micro_sweep=True, refine=False, budget_s=1e-9)
+    assert spent.details["candidates"] == 1
+    one = _plan(shipped, inst, samples=2, refine=False)
+    assert spent.plan == one.plan
+    ample = _plan(shipped, inst, samples=2, micro_sweep=True, refine=False, budget_s=3600.0)
+    assert ample.plan == full.plan and ample.details["candidates"] == full.details["candidates"]
+
+
 def test_micro_sweep_and_a_beam_are_refused_together(shipped):
     inst = load_suite("test-iid").instance(0)
     with pytest.raises(ConfigError, match="beam or the sweep"):

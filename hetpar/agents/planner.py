@@ -80,6 +80,10 @@ WIDE_BEAM = 4
 # core, and the final evaluation takes ~1 ms, so the refinement stops this much early for
 # the call to end within its budget.
 BUDGET_MARGIN_S = 0.005
+# Of a call's budget, the part after which the sweep starts no further rollout (the
+# policy's own rollout always runs): the rest is for refining what it has. Without a
+# budget the sweep rolls out every candidate, the same plan on every machine.
+SWEEP_BUDGET_SHARE = 0.5
 # States one batched forward pass of the greedy rollout scores: the current one and up to
 # this many - 1 guessed successors (``_greedy``); 1 turns speculation off.
 SPECULATE = 8
@@ -263,7 +267,8 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     is returned when none is found. ``budget_s`` bounds the wall time of the whole call
     for a caller with a deadline: the refinement and the structure search, both anytime,
     stop ``BUDGET_MARGIN_S`` before the budget is spent and keep the best plan found so
-    far (the rollout is not cut; the plan then depends on the machine's speed). ``speculate``
+    far, and the sweep starts no rollout past ``SWEEP_BUDGET_SHARE`` of it (a rollout is
+    not cut; the plan then depends on the machine's speed). ``speculate``
     is how many states one forward pass of the single rollout scores (``_greedy``; 1: one
     state per pass, the same plan more slowly). ``runtime`` (``hetpar.runtime.rules``): the
     environment's masks allow only plans that framework runs, and the refinement keeps to
@@ -348,8 +353,9 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         start = time.perf_counter()
         with torch.inference_mode():
             if micro_sweep:
-                candidates, info, stats = _micro_sweep(env, forward, obs, bundle, speculate,
-                                                       sweep_memory)
+                candidates, info, stats = _micro_sweep(
+                    env, forward, obs, bundle, speculate, sweep_memory,
+                    None if budget_s is None else called + SWEEP_BUDGET_SHARE * budget_s)
             elif beam <= 1:
                 plan, info, stats = _greedy(env, forward, obs, bundle, speculate)
                 candidates = [plan]
@@ -603,6 +609,7 @@ def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: Polic
 
 def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: PolicyLike,
                  lookahead: int = SPECULATE, memory: int = SWEEP_MEMORY,
+                 deadline: float | None = None,
                  ) -> tuple[list[Plan], dict[str, Any], tuple[int, int, float]]:
     """One greedy rollout (``_greedy``) for each of the policy's ``memory`` most likely
     memory options and every micro-batch count the masks then allow, the policy's own
@@ -613,7 +620,9 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
     choice that makes the fast hosts' stages too small forces the rest of the model onto
     slower hosts or across slow routes, which is where the policy's worst plans come from
     (docs/agents.md, "Where it fails"). The refinement re-chooses both for each plan's
-    structure, so what the sweep varies is the structures the policy builds."""
+    structure, so what the sweep varies is the structures the policy builds. Past
+    ``deadline`` (``time.perf_counter()``) no further rollout is started: the policy's
+    own comes first, then the counts of its own memory option, most likely first."""
     counters = [0, 0, 0.0]  # steps, forced steps, forward seconds
 
     def ranked(o: dict[str, Any]) -> np.ndarray:
@@ -650,8 +659,12 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
             obs = step(int(ranked(obs)[0]))
         starts.append((env.snapshot(), obs))
     for state, o in starts:
+        if plans and deadline is not None and time.perf_counter() > deadline:
+            break
         env.restore(state, observe=False)
         for action in ranked(o):
+            if plans and deadline is not None and time.perf_counter() > deadline:
+                break
             env.restore(state, observe=False)
             plan, step_info, (s, f, fs) = _greedy(env, forward, step(int(action)), bundle,
                                                   lookahead)

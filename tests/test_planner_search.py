@@ -543,6 +543,34 @@ def test_micro_sweep_under_a_spent_budget_keeps_the_policys_own_rollout(shipped)
     assert ample.plan == full.plan and ample.details["candidates"] == full.details["candidates"]
 
 
+@pytest.mark.parametrize("suite,index", [("test-larger", 0), ("test-hard", 7)])
+def test_lockstep_sweep_plans_what_one_rollout_after_another_plans(shipped, suite, index):
+    """The sweep's rollouts run side by side on one environment, their states scored in
+    one forward pass (``_lockstep``); with a network that scores each row alone (batched
+    sums can break exact ties otherwise) they plan exactly what the same rollouts plan
+    one after another."""
+    from hetpar.agents.planner import SPECULATE, _micro_sweep
+
+    inst = load_suite(suite).instance(index)
+    net = forward_for(shipped.model.policy)
+
+    def rowwise(observations, masks=None):
+        return np.stack([net([o], None if masks is None else [m])[0]
+                         for o, m in zip(observations, masks or [None] * len(observations))])
+
+    plans = {}
+    for name, deadline in (("lockstep", None), ("one by one", math.inf)):
+        env = PlanBuilderEnv([inst], max_hosts=shipped.max_hosts, bandwidth="robust",
+                             samples=2)
+        obs, _ = env.reset(options={"instance": 0})
+        plans[name], _, (steps, _, _) = _micro_sweep(env, rowwise, obs, shipped, SPECULATE,
+                                                     SWEEP_MEMORY, deadline)
+        plans[name + " steps"] = steps
+    assert len(plans["lockstep"]) > 3
+    assert plans["lockstep"] == plans["one by one"]
+    assert plans["lockstep steps"] == plans["one by one steps"]
+
+
 def test_micro_sweep_and_a_beam_are_refused_together(shipped):
     inst = load_suite("test-iid").instance(0)
     with pytest.raises(ConfigError, match="beam or the sweep"):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,7 +66,7 @@ REFINE_CANDIDATES = 2
 # structures it refines besides the policy's own. On the 100 held-out instances, refined:
 # the policy's own memory option alone 1.4% median, 17.6% p90 gap (0.10 s); the 3 most
 # likely 1.2%, 10.0% (0.25 s); all 6 0.9%, 7.9% (0.49 s); with 3, refining 2 structures
-# instead of 8 gave 1.3%, 12.1% (0.19 s) (docs/agents.md, "The sweep").
+# instead of 8 gave 1.3%, 12.1% (0.19 s; all four timed before the lockstep rollouts) (docs/agents.md, "The sweep").
 SWEEP_MEMORY = 3
 SWEEP_REFINE_CANDIDATES = 8
 # Beam width of `hetpar plan` (1: the single most likely rollout). With the structure
@@ -536,9 +536,35 @@ def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: Polic
     whose most likely action is its guess needs nothing more; otherwise the rollout goes
     back to that state and asks its actions from the most likely down
     (``env.masked_argmax``), then continues from there."""
+    forward_s = 0.0
+    rollout = _greedy_steps(env, obs, bundle, lookahead)
+    try:
+        request = next(rollout)
+        while True:
+            t0 = time.perf_counter()
+            out = forward(*request)
+            forward_s += time.perf_counter() - t0
+            request = rollout.send(out)
+    except StopIteration as done:
+        plan, info, (steps, forced) = done.value
+    return plan, info, (steps, forced, forward_s)
+
+
+_Request = tuple[list[dict[str, Any]], list[np.ndarray]]  # observations, their need masks
+
+
+def _greedy_steps(env: SearchEnv, obs: dict[str, Any], bundle: PolicyLike, lookahead: int,
+                  ) -> Generator[_Request, np.ndarray, tuple[Plan, dict[str, Any],
+                                                            tuple[int, int]]]:
+    """``_greedy`` as a generator: it yields each batch of states it needs scored (their
+    observations and the actions each needs) and is sent back their logits, so a caller
+    can score several rollouts' batches in one forward pass (``_lockstep``). Returns
+    (plan, last info, (steps, forced steps)). It uses ``env`` between a send and its next
+    yield only: a caller interleaving rollouts on one environment restores each one's
+    snapshot before sending."""
     width = max(1, int(lookahead))
     guess = _StageGuess(env.layout)
-    steps, forced, forward_s = 0, 0, 0.0
+    steps, forced = 0, 0
     while True:
         # The chain: state 0 is the true current state, state i + 1 follows guess i.
         # masks[i] is state i's mask when known (None: asked lazily), need[i] a superset.
@@ -565,9 +591,7 @@ def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: Polic
         ask = [i for i, one in enumerate(single) if not one]
         rows: dict[int, np.ndarray] = {}
         if ask:
-            t0 = time.perf_counter()
-            out = forward([chain_obs[i] for i in ask], [need[i] for i in ask])
-            forward_s += time.perf_counter() - t0
+            out = yield [chain_obs[i] for i in ask], [need[i] for i in ask]
             rows = dict(zip(ask, out))
         taken: list[int] = []
         restored = False
@@ -601,7 +625,7 @@ def _greedy(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: Polic
                 env.restore(snaps[j], observe=False)
             obs, _, _, _, info = env.step(taken[-1])
         if "plan" in info:
-            return info["plan"], info, (steps, forced, forward_s)
+            return info["plan"], info, (steps, forced)
         # A guess that ended the episode without a plan (truncated) is as broken as a step.
         if info.get("invalid_action") or steps >= _MAX_STEPS or ended_by_guess:
             raise _broken(bundle, steps)
@@ -620,9 +644,11 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
     choice that makes the fast hosts' stages too small forces the rest of the model onto
     slower hosts or across slow routes, which is where the policy's worst plans come from
     (docs/agents.md, "Where it fails"). The refinement re-chooses both for each plan's
-    structure, so what the sweep varies is the structures the policy builds. Past
-    ``deadline`` (``time.perf_counter()``) no further rollout is started: the policy's
-    own comes first, then the counts of its own memory option, most likely first."""
+    structure, so what the sweep varies is the structures the policy builds. Without a
+    ``deadline`` the rollouts run in lockstep (``_lockstep``); past one
+    (``time.perf_counter()``) no further rollout is started, the rollouts running one
+    after another: the policy's own first, then the counts of its own memory option, most
+    likely first."""
     counters = [0, 0, 0.0]  # steps, forced steps, forward seconds
 
     def ranked(o: dict[str, Any]) -> np.ndarray:
@@ -658,12 +684,21 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
         while env.phase_name() != "micro_batches":
             obs = step(int(ranked(obs)[0]))
         starts.append((env.snapshot(), obs))
+    if deadline is None:
+        # Every rollout runs: in lockstep, one forward pass for all their states.
+        firsts = []
+        for state, o in starts:
+            env.restore(state, observe=False)
+            firsts += [(state, int(action)) for action in ranked(o)]
+        results = _lockstep(env, forward, firsts, bundle, lookahead, counters)
+        return [r[0] for r in results], results[0][1], \
+            (int(counters[0]), int(counters[1]), float(counters[2]))
     for state, o in starts:
-        if plans and deadline is not None and time.perf_counter() > deadline:
+        if plans and time.perf_counter() > deadline:
             break
         env.restore(state, observe=False)
         for action in ranked(o):
-            if plans and deadline is not None and time.perf_counter() > deadline:
+            if plans and time.perf_counter() > deadline:
                 break
             env.restore(state, observe=False)
             plan, step_info, (s, f, fs) = _greedy(env, forward, step(int(action)), bundle,
@@ -675,6 +710,53 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
             counters[1] += f
             counters[2] += fs
     return plans, info, (int(counters[0]), int(counters[1]), float(counters[2]))
+
+
+def _lockstep(env: SearchEnv, forward: Forward, firsts: list[tuple[Any, int]],
+              bundle: PolicyLike, lookahead: int, counters: list[Any],
+              ) -> list[tuple[Plan, dict[str, Any]]]:
+    """The greedy rollouts (``_greedy_steps``) that start by taking each ``(snapshot,
+    action)`` of ``firsts``, run side by side on one environment: each round scores every
+    live rollout's batch of states in one forward pass (a pass of 30 states costs about
+    what six passes of one do), each rollout's snapshot restored before it goes on. The
+    same plans as one rollout after another, up to exact ties that batched sums may break
+    differently. (plan, last info) per start, in order; ``counters`` (steps, forced steps,
+    forward seconds) are added to."""
+    results: list[tuple[Plan, dict[str, Any]] | None] = [None] * len(firsts)
+    live: dict[int, tuple[Any, Any, _Request]] = {}  # rollout -> (generator, state, request)
+
+    def advance(n: int, rollout: Any, send: np.ndarray | None) -> None:
+        try:
+            request = next(rollout) if send is None else rollout.send(send)
+        except StopIteration as done:
+            plan, info, (steps, forced) = done.value
+            counters[0] += steps
+            counters[1] += forced
+            results[n] = (plan, info)
+            live.pop(n, None)
+            return
+        live[n] = (rollout, env.snapshot(), request)
+
+    for n, (state, action) in enumerate(firsts):
+        env.restore(state, observe=False)
+        child, _, _, _, _ = env.step(action)
+        counters[0] += 1
+        advance(n, _greedy_steps(env, child, bundle, lookahead), None)
+    while live:
+        order = sorted(live)
+        observations = [o for n in order for o in live[n][2][0]]
+        needs = [m for n in order for m in live[n][2][1]]
+        t0 = time.perf_counter()
+        out = forward(observations, needs)
+        counters[2] += time.perf_counter() - t0
+        at = 0
+        for n in order:
+            rollout, state, request = live[n]
+            rows = out[at:at + len(request[0])]
+            at += len(request[0])
+            env.restore(state, observe=False)
+            advance(n, rollout, rows)
+    return [r for r in results if r is not None]
 
 
 class _StageGuess:

@@ -218,6 +218,14 @@ def test_plan_cluster_larger_than_max_hosts_is_planned_in_slices(capsys, policy2
                          "--model", "gpt2-medium", "--no-improve")
     assert code == 0, err
     assert "replica slices: 8 hosts are more than the policy observes" in out
+    # Slices keep the single rollout unless the sweep is asked for.
+    for flags, sweep in (((), False), (("--micro-sweep",), True)):
+        code, out, err = run(capsys, "plan", "--policy", policy2, "--cluster", "cloud-mixed",
+                             "--model", "gpt2-medium", "--no-improve", "--json", *flags)
+        assert code == 0, err
+        details = json.loads(out)["details"]
+        assert details["micro_sweep"] is sweep and "slices" in details
+        assert (details["candidates"] > 1) is sweep
     odd = tmp_path / "odd.yaml"
     odd.write_text("global_batch: 1\n")
     code, _, err = run(capsys, "plan", "--policy", policy2, "--cluster", "cloud-mixed",

@@ -66,7 +66,8 @@ REFINE_CANDIDATES = 2
 # structures it refines besides the policy's own. On the 100 held-out instances, refined:
 # the policy's own memory option alone 1.4% median, 17.6% p90 gap (0.10 s); the 3 most
 # likely 1.2%, 10.0% (0.25 s); all 6 0.9%, 7.9% (0.49 s); with 3, refining 2 structures
-# instead of 8 gave 1.3%, 12.1% (0.19 s; all four timed before the lockstep rollouts) (docs/agents.md, "The sweep").
+# instead of 8 gave 1.3%, 12.1% (0.19 s; all four timed before the lockstep rollouts;
+# docs/agents.md, "The sweep").
 SWEEP_MEMORY = 3
 SWEEP_REFINE_CANDIDATES = 8
 # Beam width of `hetpar plan` (1: the single most likely rollout). With the structure
@@ -645,10 +646,9 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
     slower hosts or across slow routes, which is where the policy's worst plans come from
     (docs/agents.md, "Where it fails"). The refinement re-chooses both for each plan's
     structure, so what the sweep varies is the structures the policy builds. Without a
-    ``deadline`` the rollouts run in lockstep (``_lockstep``); past one
-    (``time.perf_counter()``) no further rollout is started, the rollouts running one
-    after another: the policy's own first, then the counts of its own memory option, most
-    likely first."""
+    ``deadline`` the rollouts run in lockstep (``_lockstep``); with one they run one after
+    another, and none is started past it (``time.perf_counter()``): the policy's own
+    first, then the counts of its own memory option, most likely first."""
     counters = [0, 0, 0.0]  # steps, forced steps, forward seconds
 
     def ranked(o: dict[str, Any]) -> np.ndarray:
@@ -669,8 +669,6 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
         child, _, _, _, _ = env.step(action)
         return child
 
-    plans: list[Plan] = []
-    info: dict[str, Any] = {}
     starts: list[tuple[Any, dict[str, Any]]] = []  # (state, observation) at the count
     if env.phase_name() == "memory":
         root = env.snapshot()
@@ -684,32 +682,21 @@ def _micro_sweep(env: SearchEnv, forward: Forward, obs: dict[str, Any], bundle: 
         while env.phase_name() != "micro_batches":
             obs = step(int(ranked(obs)[0]))
         starts.append((env.snapshot(), obs))
+    firsts: list[tuple[Any, int]] = []  # (state, count) of every rollout, in order
+    for state, o in starts:
+        env.restore(state, observe=False)
+        firsts += [(state, int(action)) for action in ranked(o)]
     if deadline is None:
         # Every rollout runs: in lockstep, one forward pass for all their states.
-        firsts = []
-        for state, o in starts:
-            env.restore(state, observe=False)
-            firsts += [(state, int(action)) for action in ranked(o)]
         results = _lockstep(env, forward, firsts, bundle, lookahead, counters)
-        return [r[0] for r in results], results[0][1], \
-            (int(counters[0]), int(counters[1]), float(counters[2]))
-    for state, o in starts:
-        if plans and time.perf_counter() > deadline:
-            break
-        env.restore(state, observe=False)
-        for action in ranked(o):
-            if plans and time.perf_counter() > deadline:
+    else:
+        results = []
+        for first in firsts:
+            if results and time.perf_counter() > deadline:
                 break
-            env.restore(state, observe=False)
-            plan, step_info, (s, f, fs) = _greedy(env, forward, step(int(action)), bundle,
-                                                  lookahead)
-            plans.append(plan)
-            if not info:
-                info = step_info
-            counters[0] += s
-            counters[1] += f
-            counters[2] += fs
-    return plans, info, (int(counters[0]), int(counters[1]), float(counters[2]))
+            results += _lockstep(env, forward, [first], bundle, lookahead, counters)
+    return [r[0] for r in results], results[0][1], \
+        (int(counters[0]), int(counters[1]), float(counters[2]))
 
 
 def _lockstep(env: SearchEnv, forward: Forward, firsts: list[tuple[Any, int]],
@@ -742,6 +729,9 @@ def _lockstep(env: SearchEnv, forward: Forward, firsts: list[tuple[Any, int]],
         child, _, _, _, _ = env.step(action)
         counters[0] += 1
         advance(n, _greedy_steps(env, child, bundle, lookahead), None)
+    # The rollout whose state the environment holds (the last one advanced): it goes on
+    # without a restore, as a lone rollout always does.
+    holder = len(firsts) - 1
     while live:
         order = sorted(live)
         observations = [o for n in order for o in live[n][2][0]]
@@ -754,7 +744,9 @@ def _lockstep(env: SearchEnv, forward: Forward, firsts: list[tuple[Any, int]],
             rollout, state, request = live[n]
             rows = out[at:at + len(request[0])]
             at += len(request[0])
-            env.restore(state, observe=False)
+            if n != holder:
+                env.restore(state, observe=False)
+            holder = n
             advance(n, rollout, rows)
     return [r for r in results if r is not None]
 

@@ -907,20 +907,20 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     # Unless told, the method's preset decides how to decode: the refined methods sweep the
     # memory option and the micro-batch count (except on a cluster planned in replica
     # slices), and a --beam given, 1 included, decodes that beam instead.
+    on = args.micro_sweep if args.micro_sweep is not None else \
+        args.beam is None and refine
     sweep: dict[str, Any] = {} if args.beam is None else {"beam": beam}
-    if args.micro_sweep is not None:
-        sweep["micro_sweep"] = args.micro_sweep
-    elif not refine:
-        sweep["micro_sweep"] = False
+    if args.micro_sweep is not None or not on:
+        sweep["micro_sweep"] = on
     if args.sweep_memory is not None:
         if args.sweep_memory < 1:
             raise ConfigError("--sweep-memory", "",
                               f"must be at least 1, got {args.sweep_memory}")
-        if sweep.get("micro_sweep") is False or (args.beam is not None and
-                                                 not args.micro_sweep):
+        if not on:
             raise ConfigError("--sweep-memory", "", "only with the sweep (not with --beam, "
                                                     "--no-refine or --no-micro-sweep)")
-        sweep["sweep_memory"] = args.sweep_memory
+        # Asking how many memory options to sweep asks for the sweep (slices included).
+        sweep.update(micro_sweep=True, sweep_memory=args.sweep_memory)
     result = planning.plan(problem, method, policy=bundle, source=args.cluster, refine=refine,
                            refine_steps=args.refine_steps,
                            improve_evaluations=args.improve, **sweep)

@@ -241,11 +241,12 @@ def _render_policy(console: Console, sol: Solution) -> None:
     d, t = sol.details, sol.timings
     if "policy" not in d:
         return
-    searched = (f"; beam {d['beam']}, {d['candidates']} plans compared"
-                if d["beam"] > 1 else "")
+    searched = ""
     if d.get("micro_sweep"):
-        searched = (f"; sweep of {d.get('sweep_memory')} memory options x micro-batch "
-                    f"counts: {d['candidates']} rollouts compared")
+        searched = (f"; sweep of {d['sweep_memory']} memory options x micro-batch counts: "
+                    f"{d['candidates']} rollouts compared")
+    elif d["beam"] > 1:
+        searched = f"; beam {d['beam']}, {d['candidates']} plans compared"
     console.print(f"[bold]rollout[/]: {d['steps']} steps ({d['forced']} forced{searched}) in "
                   f"[bold]{t['inference'] * 1e3:.1f} ms[/] of inference "
                   f"({t['forward'] * 1e3:.1f} ms forward passes), "

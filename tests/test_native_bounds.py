@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hetpar import native
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
 from hetpar.problem import Problem
@@ -38,11 +39,29 @@ needs_twin = pytest.mark.skipif(
 def test_a_twin_built_from_other_source_is_never_used():
     twin = types.ModuleType("twin")
     twin.SOURCE_DIGEST = hashlib.sha256(b"the source it was built from").hexdigest()
-    assert bounds.matching_twin(twin, b"the source it was built from") is twin
+    assert native.matching_twin(twin, b"the source it was built from") is twin
     with pytest.warns(RuntimeWarning, match="differs from the source"):
-        assert bounds.matching_twin(twin, b"an edited source") is None
+        assert native.matching_twin(twin, b"an edited source") is None
     with pytest.warns(RuntimeWarning):
-        assert bounds.matching_twin(types.ModuleType("no digest"), b"") is None
+        assert native.matching_twin(types.ModuleType("no digest"), b"") is None
+
+
+def test_pure_python_asked_for_loads_no_twin(monkeypatch):
+    monkeypatch.setenv("HETPAR_PURE_PYTHON", "1")
+    for module in native.TWINS:
+        assert native.compiled_twin(module, bounds.__file__) is None
+
+
+def test_pure_python_can_be_asked_for_one_twin(monkeypatch):
+    monkeypatch.setenv("HETPAR_PURE_PYTHON", "feasibility")
+    assert native._pure("hetpar.envs.feasibility")
+    assert not native._pure("hetpar.solvers.bounds")
+    monkeypatch.setenv("HETPAR_PURE_PYTHON", "bounds, feasibility")
+    assert native._pure("hetpar.envs.feasibility") and native._pure("hetpar.solvers.bounds")
+    monkeypatch.setenv("HETPAR_PURE_PYTHON", "yes")
+    assert all(native._pure(m) for m in native.TWINS)
+    monkeypatch.delenv("HETPAR_PURE_PYTHON")
+    assert not any(native._pure(m) for m in native.TWINS)
 
 
 def test_an_install_with_a_compiler_builds_the_twin():

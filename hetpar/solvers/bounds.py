@@ -14,13 +14,9 @@ quantile).
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -28,9 +24,10 @@ import numpy as np
 from hetpar.costmodel.compute import GpuPerf
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
+from hetpar.native import compiled_twin
 from hetpar.problem.space import PlanSpace, StageChoice
 
-__all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile", "matching_twin",
+__all__ = ["StageProfile", "Bounds", "NATIVE", "PureBounds", "PureStageProfile",
            "root_bound", "pure_root_bound"]
 
 
@@ -1692,37 +1689,15 @@ def root_bound(prof: list[StageProfile], a: list[float], gam: list[float], m: in
 
 # ---- the compiled twin ------------------------------------------------------------------
 # ``hatch_build.py`` compiles this very file with mypyc into ``_bounds_native`` (about
-# twice as fast; same arithmetic, same decisions), recording the digest of the text it
-# was built from. The twin replaces the classes above only while that digest matches this
-# file: an edited source runs as written, never a stale build.
+# twice as fast; same arithmetic, same decisions; ``hetpar/native.py``). The twin replaces
+# the classes above only while it was built from this file's text as it stands.
 PureBounds = Bounds
 PureStageProfile = StageProfile
 pure_root_bound = root_bound
 
-
-def matching_twin(twin: ModuleType, source: bytes) -> ModuleType | None:
-    """``twin`` if it was compiled from ``source`` (its recorded digest), else None, with
-    a warning: the source was edited since the package was installed."""
-    if getattr(twin, "SOURCE_DIGEST", None) == hashlib.sha256(source).hexdigest():
-        return twin
-    warnings.warn("hetpar/solvers/bounds.py differs from the source of its compiled twin: "
-                  "the exact search runs the pure-Python bounds (about half the speed) "
-                  "until the package is installed again", RuntimeWarning, stacklevel=2)
-    return None
-
-
-def _compiled_twin() -> ModuleType | None:
-    if os.environ.get("HETPAR_PURE_PYTHON"):
-        return None
-    try:
-        from hetpar.solvers import _bounds_native as twin  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return matching_twin(twin, Path(__file__).read_bytes())
-
-
 # The module the search runs: the compiled twin, or None (this file as it stands).
-NATIVE: ModuleType | None = _compiled_twin() if __name__ == "hetpar.solvers.bounds" else None
+NATIVE: ModuleType | None = (compiled_twin(__name__, __file__)
+                             if __name__ == "hetpar.solvers.bounds" else None)
 if NATIVE is not None:
     globals().update(Bounds=NATIVE.Bounds, StageProfile=NATIVE.StageProfile,
                      root_bound=NATIVE.root_bound)

@@ -352,6 +352,29 @@ def test_replan_refine_steps_reach_the_policy_planner(monkeypatch):
     assert seen and set(seen) == {7}
 
 
+@pytest.mark.parametrize("beam", [None, 1, 2])
+def test_the_replanner_decodes_with_the_sweep_unless_a_beam_is_asked_for(monkeypatch, beam):
+    """By default a decision sweeps the micro-batch counts under the policy's own memory
+    option (``REPLAN_SWEEP_MEMORY``); ``--beam W`` (1: one rollout) replaces the sweep."""
+    import hetpar.agents.planner as planner
+    from hetpar.dynamics.strategies import REPLAN_SWEEP_MEMORY
+
+    seen = []
+    real = planner.plan_with_policy
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["micro_sweep"], kwargs.get("sweep_memory"), kwargs["beam"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan_with_policy", spy)
+    run = _run(scenario_doc(iterations=30000), ("policy",), oracle=False, beam=beam)
+    assert run.results["policy"][0].finished and seen
+    if beam is None:
+        assert {(sweep, memory) for sweep, memory, _ in seen} == {(True, REPLAN_SWEEP_MEMORY)}
+    else:
+        assert {(sweep, width) for sweep, _, width in seen} == {(False, beam)}
+
+
 def test_warming_the_policy_planner_is_neither_timed_nor_kept():
     """The re-planner plans once for the start state before the job (like static's plan)
     so that its planning environment exists at the first change; that call is not a

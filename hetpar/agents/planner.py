@@ -72,7 +72,7 @@ SWEEP_MEMORY = 3
 SWEEP_REFINE_CANDIDATES = 8
 # Beam width of `hetpar plan` (1: the single most likely rollout). With the structure
 # search after it a wider beam rarely pays for its several-fold longer inference
-# (docs/agents.md has the measurement). Re-planning uses its own, REPLAN_BEAM.
+# (docs/agents.md has the measurement). Re-planning decodes its own way (REPLAN_SWEEP_MEMORY).
 DEFAULT_BEAM = 1
 # Width of `hetpar evaluate`'s policy-beam method and the width to suggest for more search.
 WIDE_BEAM = 4

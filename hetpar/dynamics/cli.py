@@ -35,9 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "as earlier hetpar wrote them), which can run code when loaded; only "
                         "for files you trust ('hetpar policy convert' rewrites one as format 2)")
     p.add_argument("--beam", type=int, default=None, metavar="W",
-                   help="beam width of the policy's planning (default 1: one rollout; "
-                        "2 or 3 lower the suite's mean regret from 6.5%% to 5.7-5.8%% with "
-                        "decisions of 23-28 ms median, 58-71 ms at worst: docs/dynamics.md)")
+                   help="beam width of the policy's planning instead of its default, "
+                        "the micro-batch sweep over the policy's memory option (1: one "
+                        "rollout, decisions about 4x faster: docs/dynamics.md)")
     p.add_argument("--refine-steps", type=int, default=None, metavar="N",
                    help="search steps of each refinement of the policy's plans (default "
                         "150)")

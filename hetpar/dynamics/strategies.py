@@ -57,7 +57,7 @@ __all__ = [
     "Decision",
     "Planners",
     "PolicyUnavailable",
-    "REPLAN_BEAM",
+    "REPLAN_SWEEP_MEMORY",
     "REPLAN_BUDGET_S",
     "REPLAN_NODES",
     "POLICY_CHARGE_S",
@@ -70,9 +70,14 @@ __all__ = [
 
 STRATEGIES = ("static", "robust", "library", "policy", "exact", "exact-rt")
 
-# The policy re-planner's defaults: one rollout and a short refinement decide fast and
-# already beat static and robust (docs/results-dynamic.md measures wider beams).
-REPLAN_BEAM = 1
+# The policy re-planner's defaults: the planner's micro-batch sweep over the policy's own
+# memory option (one greedy rollout per allowed micro-batch count, in lockstep) and a
+# short refinement. Against one rollout (what ``beam=1`` asks for instead), it
+# took the policy's wall time on spot-preemptions from 18,458 to 16,668 s, cloud-congested
+# 5,120 -> 4,718 s and host-loss 5,774 -> 5,599 s (3 seeds; the 3 most likely memory
+# options gave the same plans), for decisions of 43-72 ms median against 13-18 ms
+# (docs/results-dynamic.md).
+REPLAN_SWEEP_MEMORY = 1
 REPLAN_REFINE_STEPS = 150
 # Wall-clock budget of one policy decision, for a caller who wants one (``hetpar replan
 # --decision-ms``): the refinement (anytime) stops when it is spent, so a slow machine
@@ -118,7 +123,7 @@ class Planners:
     node_limit: int | None = REPLAN_NODES
     policy_path: str | None = None
     trust_pickle: bool = False  # a format-1 (pickled) policy file may be loaded
-    beam: int | None = None  # of the policy's planning (None: REPLAN_BEAM)
+    beam: int | None = None  # of the policy's planning (None: the sweep; 1: one rollout)
     refine_steps: int | None = None  # of each refinement (None: REPLAN_REFINE_STEPS)
     refine_candidates: int | None = None  # structures refined besides the greedy one
     decision_budget_s: float | None = None  # of a policy decision (None: none)
@@ -294,11 +299,14 @@ class Planners:
                 # state: nothing to sample), and the plan is scored in that state.
                 problem = Problem.of(cluster_at(state.cluster, state.bandwidth), self.model,
                                      self.training, objective=mean, samples=1)
+                # The sweep over the policy's own memory option (2-8 rollouts in
+                # lockstep, not hetpar plan's 5-28), unless a beam is asked for.
+                decoding: dict[str, Any] = (
+                    {"micro_sweep": True, "sweep_memory": REPLAN_SWEEP_MEMORY}
+                    if self.beam is None else {"beam": self.beam, "micro_sweep": False})
                 sol: Solution | None = planning.plan(
-                    problem, "policy-greedy", policy=bundle, beam=self.beam or REPLAN_BEAM,
-                    # One rollout, not the planner's micro-batch sweep: a decision is
-                    # due in milliseconds (the sweep rolls out 5-28 times).
-                    micro_sweep=False, refine=True, improve_evaluations=0,
+                    problem, "policy-greedy", policy=bundle, **decoding,
+                    refine=True, improve_evaluations=0,
                     refine_steps=self.refine_steps or REPLAN_REFINE_STEPS,
                     refine_candidates=REFINE_CANDIDATES if self.refine_candidates is None
                     else self.refine_candidates,

@@ -7,6 +7,7 @@ exactly as the pure-Python source does, and it must never run once that source c
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.machinery
 import math
 import os
@@ -64,19 +65,22 @@ def test_pure_python_can_be_asked_for_one_twin(monkeypatch):
     assert not any(native._pure(m) for m in native.TWINS)
 
 
-def test_an_install_with_a_compiler_builds_the_twin():
-    """Where a C compiler exists the install compiles the bounds (hatch_build.py). A twin
-    that is only stale (bounds.py edited since installing) is a developer's state, and
-    the search then runs the source, as it should."""
+@pytest.mark.parametrize("module", sorted(native.TWINS))
+def test_an_install_with_a_compiler_builds_the_twin(module):
+    """Where a C compiler exists the install compiles every module of ``native.TWINS``
+    (hatch_build.py). A twin that is only stale (its source edited since installing) is a
+    developer's state, and the module then runs its source, as it should."""
     if os.environ.get("HETPAR_PURE_PYTHON") or not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("pure Python asked for, or no C compiler")
+    source = importlib.import_module(module)
+    twin = native.TWINS[module].rsplit(".", 1)[1]
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    built = [p for p in Path(bounds.__file__).parent.glob("_bounds_native*")
+    built = [p for p in Path(source.__file__).parent.glob(f"{twin}*")
              if p.name.endswith(suffixes)]
-    assert built, ("the install did not compile hetpar/solvers/bounds.py (hatch_build.py; "
+    assert built, (f"the install did not compile {source.__file__} (hatch_build.py; "
                    "install with HETPAR_PURE_PYTHON=1 set to skip it on purpose)")
-    if bounds.NATIVE is None:
-        pytest.skip("bounds.py was edited since the package was installed")
+    if source.NATIVE is None:
+        pytest.skip(f"{source.__file__} was edited since the package was installed")
 
 
 @needs_twin

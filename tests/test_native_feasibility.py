@@ -1,4 +1,5 @@
-"""The compiled twin of the action masks' completion search (``hatch_build.py``).
+"""The compiled twin of the action masks' completion search (``hatch_build.py``; that the
+install builds it is tested with the bounds' twin, in test_native_bounds.py).
 
 The twin is ``hetpar/envs/feasibility.py`` compiled by mypyc: every query must get the
 pure-Python source's answer, budget cuts included, so that a policy sees the same masks
@@ -7,10 +8,6 @@ pure-Python source's answer, budget cuts included, so that a policy sees the sam
 
 from __future__ import annotations
 
-import importlib.machinery
-import os
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,18 +25,6 @@ needs_twin = pytest.mark.skipif(
            "feasibility.py edited since the package was installed)")
 
 CASES = [("train-small", 0), ("train-mixed", 3), ("test-larger", 1), ("test-hard", 2)]
-
-
-def test_an_install_with_a_compiler_builds_the_twin():
-    if os.environ.get("HETPAR_PURE_PYTHON") or not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("pure Python asked for, or no C compiler")
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    built = [p for p in Path(feasibility.__file__).parent.glob("_feasibility_native*")
-             if p.name.endswith(suffixes)]
-    assert built, ("the install did not compile hetpar/envs/feasibility.py (hatch_build.py; "
-                   "install with HETPAR_PURE_PYTHON=1 set to skip it on purpose)")
-    if feasibility.NATIVE is None:
-        pytest.skip("feasibility.py was edited since the package was installed")
 
 
 @needs_twin

@@ -8,7 +8,6 @@ pure-Python source's answer, budget cuts included, so that a policy sees the sam
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -31,12 +32,16 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-# Source file -> the name of its compiled twin (the same pairs as hetpar.native.TWINS,
-# which cannot be imported here: the build runs before hetpar is installed).
-SOURCES = {
-    Path("hetpar/solvers/bounds.py"): "_bounds_native",
-    Path("hetpar/envs/feasibility.py"): "_feasibility_native",
-}
+
+def _sources(root: Path) -> dict[Path, str]:
+    """Source file -> the name of its compiled twin, from ``hetpar.native.TWINS`` (loaded
+    by path: the build runs before hetpar is installed)."""
+    spec = importlib.util.spec_from_file_location("_hetpar_native", root / "hetpar/native.py")
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    return {Path(*module.split(".")).with_suffix(".py"): twin.rsplit(".", 1)[1]
+            for module, twin in native.TWINS.items()}
 
 
 class NativeBoundsHook(BuildHookInterface):
@@ -47,16 +52,17 @@ class NativeBoundsHook(BuildHookInterface):
         if self.target_name != "wheel" or os.environ.get("HETPAR_PURE_PYTHON"):
             return
         root = Path(self.root)
+        sources = _sources(root)
         if version == "editable":
-            for source, native in SOURCES.items():
+            for source, native in sources.items():
                 for old in _extensions(root / source.parent, native):
                     old.unlink()  # a stale build must not outlive a failed one
         self._work = Path(tempfile.mkdtemp(prefix="hetpar-mypyc-"))
         try:
-            built = _compile(root, self._work)
+            built = _compile(root, self._work, sources)
         except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
             self.app.display_warning(
-                f"hetpar: compiling {', '.join(map(str, SOURCES))} with mypyc failed "
+                f"hetpar: compiling {', '.join(map(str, sources))} with mypyc failed "
                 f"({err}); the exact search's bounds and the action masks run as pure "
                 "Python instead (same results, about half the speed)")
             self.finalize(version, build_data, "")
@@ -79,13 +85,13 @@ class NativeBoundsHook(BuildHookInterface):
             self._work = None
 
 
-def _compile(root: Path, work: Path) -> list[tuple[Path, Path]]:
-    """Compile the twin of every source of ``SOURCES`` in a copy of the package under
+def _compile(root: Path, work: Path, sources: dict[Path, str]) -> list[tuple[Path, Path]]:
+    """Compile the twin of every file of ``sources`` in a copy of the package under
     ``work``; (the source, an extension file built there) for each file built."""
     shutil.copytree(root / "hetpar", work / "hetpar",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", "data"))
     calls = []
-    for source, native in SOURCES.items():
+    for source, native in sources.items():
         text = (root / source).read_bytes()
         digest = hashlib.sha256(text).hexdigest()
         twin = work / source.parent / f"{native}.py"
@@ -105,7 +111,7 @@ def _compile(root: Path, work: Path) -> list[tuple[Path, Path]]:
     subprocess.run([sys.executable, str(setup), "build_ext", "--inplace"], cwd=work,
                    check=True, stdout=subprocess.DEVNULL)
     built = []
-    for source, native in SOURCES.items():
+    for source, native in sources.items():
         libs = _extensions(work / source.parent, native)
         if not libs:
             raise RuntimeError(f"mypyc built no extension for {source}")

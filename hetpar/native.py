@@ -21,7 +21,9 @@ from types import ModuleType
 
 __all__ = ["TWINS", "compiled_twin", "matching_twin"]
 
-# Source module -> its compiled twin (what hatch_build.py builds, and what is loaded).
+# Source module -> its compiled twin (what hatch_build.py builds, reading this file by
+# path, and what is loaded). Keep this module to the standard library: the build loads
+# it before hetpar is installed.
 TWINS: dict[str, str] = {
     "hetpar.solvers.bounds": "hetpar.solvers._bounds_native",  # the exact search's bounds
     "hetpar.envs.feasibility": "hetpar.envs._feasibility_native",  # the action masks
@@ -40,9 +42,10 @@ def matching_twin(twin: ModuleType, source: bytes, name: str = "the source") -> 
 
 
 def compiled_twin(module: str, source_file: str) -> ModuleType | None:
-    """The compiled twin of ``module`` (whose text is ``source_file``), or None: pure Python
+    """The compiled twin of ``module`` (whose text is ``source_file``), or None: ``module``
+    has no twin (the twin itself asks when it runs its copy of the source), pure Python
     asked for (``HETPAR_PURE_PYTHON``), no twin installed, or one built from other text."""
-    if _pure(module):
+    if module not in TWINS or _pure(module):
         return None
     try:
         twin = importlib.import_module(TWINS[module])

@@ -563,7 +563,6 @@ PureCompletions = Completions
 PureHostClasses = HostClasses
 
 # The module the masks run: the compiled twin, or None (this file as it stands).
-NATIVE: ModuleType | None = (compiled_twin(__name__, __file__)
-                             if __name__ == "hetpar.envs.feasibility" else None)
+NATIVE: ModuleType | None = compiled_twin(__name__, __file__)
 if NATIVE is not None:
     globals().update(Completions=NATIVE.Completions, HostClasses=NATIVE.HostClasses)

@@ -1696,8 +1696,7 @@ PureStageProfile = StageProfile
 pure_root_bound = root_bound
 
 # The module the search runs: the compiled twin, or None (this file as it stands).
-NATIVE: ModuleType | None = (compiled_twin(__name__, __file__)
-                             if __name__ == "hetpar.solvers.bounds" else None)
+NATIVE: ModuleType | None = compiled_twin(__name__, __file__)
 if NATIVE is not None:
     globals().update(Bounds=NATIVE.Bounds, StageProfile=NATIVE.StageProfile,
                      root_bound=NATIVE.root_bound)

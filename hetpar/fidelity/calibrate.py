@@ -28,7 +28,7 @@ from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
 from hetpar.costmodel.estimate import CostModel
 from hetpar.fidelity.report import predict, predicted_time
 
-__all__ = ["Parameter", "TIME_PARAMETERS", "fit_constants", "calibration_runs"]
+__all__ = ["DISCRETE_CHOICES", "Parameter", "TIME_PARAMETERS", "fit_constants", "calibration_runs"]
 
 A100, T4 = "A100-SXM4-80GB", "T4-16GB"
 
@@ -162,9 +162,16 @@ def _memory_score(terms: list[tuple[bool, list[np.ndarray]]], reserve: float, fr
     return caught, wrong, margin
 
 
+DISCRETE_CHOICES = tuple(itertools.product((False, True), (True, False)))
+
+
 def fit_constants(base: CostConstants | None = None,
-                  runs: Sequence[Run] | None = None) -> tuple[CostConstants, dict[str, float]]:
-    """Fit time then memory constants; returns the constants and the fitted values."""
+                  runs: Sequence[Run] | None = None,
+                  discrete: Sequence[tuple[bool, bool]] = DISCRETE_CHOICES,
+                  ) -> tuple[CostConstants, dict[str, float]]:
+    """Fit time then memory constants; returns the constants and the fitted values.
+    ``discrete``: the (p2p copy per TP rank, tied-embedding sync) combinations of
+    Megatron-DeepSpeed to fit under (each is a fit of its own: all four by default)."""
     base = base or CostConstants(frameworks={MLM: FrameworkConstants(),
                                              MDS: FrameworkConstants()})
     runs = list(runs) if runs is not None else calibration_runs()
@@ -181,7 +188,7 @@ def fit_constants(base: CostConstants | None = None,
     fits = []
     models: dict[str, CostModel] = {}  # per run: its routes and crossings, for every step
     # (Megatron-LM's own behaviour is known: scatter-gather transfers, embedding sync.)
-    for copies, sync in itertools.product((False, True), (True, False)):
+    for copies, sync in discrete:
         start = base.with_framework(MDS, p2p_copy_per_tp_rank=copies, tied_embedding_sync=sync)
 
         def residuals(z: np.ndarray, start: CostConstants = start) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -80,6 +81,33 @@ def test_out_of_memory_prediction(constants):
     assert sum(r.false_infeasible for r in reps) <= 2
 
 
+def test_failed_runs_outside_the_plan_space_are_counted_apart(constants):
+    """AMP's plans with a stage of no transformer layer all failed and none finished; no
+    plan of hetpar's space has one. Validate counts those that fit by memory apart from the
+    memory model's catches: failures hetpar would not run, not memory predictions."""
+    from hetpar.plan import validate_plan
+    from hetpar.errors import PlanError
+
+    reps = [validation_report(constants, e) for e in ("homogeneous", "het_cluster")]
+    runs = {r.row_id: r for e in ("homogeneous", "het_cluster") for r in amp_runs(e)}
+    for rep in reps:
+        for r in rep.results:
+            run = runs[r.row_id]
+            assert r.empty_stage == any(st.layers == 0 for st in run.plans[0].stages)
+            if r.empty_stage:
+                assert not math.isfinite(r.measured_s), r.row_id  # every such run failed
+                with pytest.raises(PlanError, match="at least one layer"):
+                    validate_plan(run.plans[0], run.cluster, run.model, run.training)
+        assert rep.finished_outside_space == 0
+        assert rep.failed_outside_space == sum(
+            1 for r in rep.failed if r.feasible and r.empty_stage)
+    # Five failed runs have such a stage: two caught by memory, three not (het_cluster
+    # 11, 27 and 35).
+    assert sum(r.empty_stage for rep in reps for r in rep.results) == 5
+    outside = {r.row_id for rep in reps for r in rep.failed if r.feasible and r.empty_stage}
+    assert outside == {"AMP-het_cluster-11", "AMP-het_cluster-27", "AMP-het_cluster-35"}
+
+
 def test_a_cost_model_under_other_constants_keeps_only_geometry(constants):
     """``with_constants`` (what each step of the fit uses) predicts exactly what a cost
     model built afresh for those constants does, whatever the first model was built for:
@@ -129,3 +157,22 @@ def test_calibration_is_reproducible(constants):
         new, old = predict(run, fitted), predict(run, constants)
         assert new.predicted_s == pytest.approx(old.predicted_s, rel=0.01), run.row_id
         assert new.feasible == old.feasible, run.row_id
+
+
+def test_validate_reports_the_plan_space_rule_apart(capsys):
+    """`hetpar validate` and its JSON give the memory model's catches and the failures
+    outside the plan space as two figures."""
+    import json
+
+    from cli_helpers import run
+
+    code, out, _ = run(capsys, "validate")
+    assert code == 0
+    text = " ".join(out.split())
+    caught = int(re.search(r"(\d+) of 15 failed runs predicted infeasible", text).group(1))
+    assert f"{caught + 3} of 15 failed runs hetpar would not run (3 more" in text
+    code, out, _ = run(capsys, "validate", "--json")
+    data = json.loads(out)
+    assert data["het_cluster"]["failed_outside_space"] == 3
+    assert data["het_cluster"]["finished_outside_space"] == 0
+    assert data["het_cluster"]["rows"]["AMP-het_cluster-11"]["empty_stage"] is True

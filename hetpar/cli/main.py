@@ -556,9 +556,13 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                           "pick_slowdown": rep.pick_slowdown,
                           "failed_caught": rep.failed_caught, "failed": len(rep.failed),
                           "false_infeasible": rep.false_infeasible,
+                          "failed_outside_space": rep.failed_outside_space,
+                          "finished_outside_space": rep.finished_outside_space,
                           "rows": {r.row_id: {"measured_s": r.measured_s,
                                               "predicted_s": r.predicted_s,
-                                              "feasible": r.feasible} for r in rep.results}}
+                                              "feasible": r.feasible,
+                                              "empty_stage": r.empty_stage}
+                                   for r in rep.results}}
                for rep in reports}})
         return 0
     from hetpar.cli.render import render_calibration, render_heldout, render_validation
@@ -571,8 +575,12 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     caught = sum(r.failed_caught for r in reports)
     failed = sum(len(r.failed) for r in reports)
     wrong = sum(r.false_infeasible for r in reports)
+    outside = sum(r.failed_outside_space for r in reports)
     console.print(f"\nboth experiments: {caught} of {failed} failed runs predicted infeasible, "
-                  f"{wrong} finished runs predicted infeasible")
+                  f"{wrong} finished runs predicted infeasible; {caught + outside} of {failed} "
+                  f"failed runs hetpar would not run ({outside} more whose plans have a stage "
+                  f"without transformer layers, which its plan space excludes), "
+                  f"{wrong + sum(r.finished_outside_space for r in reports)} finished runs")
     return 0
 
 

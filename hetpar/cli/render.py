@@ -163,7 +163,8 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
     for col in ("row", "measured s", "predicted s", "predicted fits"):
         t.add_column(col, justify="right" if col != "row" else "left")
     for r in sorted(rep.results, key=lambda r: r.measured_s):
-        fits = "yes" if r.feasible else "[red]no[/]"
+        fits = ("yes" if not r.empty_stage else "yes (empty stage)") if r.feasible \
+            else "[red]no[/]"
         t.add_row(r.row_id, f"{r.measured_s:.2f}", f"{r.predicted_s:.3f}", fits)
     console.print(t)
     pick = rep.predicted_best
@@ -177,6 +178,9 @@ def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> 
     console.print(f"failed runs predicted infeasible: [bold]{rep.failed_caught}[/] of "
                   f"{len(rep.failed)}; finished runs predicted infeasible: "
                   f"[bold]{rep.false_infeasible}[/]")
+    console.print(f"failed runs that fit but have a stage without transformer layers (outside "
+                  f"hetpar's plan space): [bold]{rep.failed_outside_space}[/]; finished runs "
+                  f"with such a stage: [bold]{rep.finished_outside_space}[/]")
 
 
 # Which part of a method found its plan (``Solution.found_by``), in words; a method that

@@ -34,8 +34,12 @@ class RunResult:
     row_id: str
     measured_s: float
     predicted_s: float
-    feasible: bool
+    feasible: bool  # the memory model's verdict: every replica fits
     estimate: Estimate
+    # A pipeline stage without transformer layers (embedding or head alone), as some of
+    # AMP's plans have: no plan of hetpar's space has one (``validate_plan``), so hetpar
+    # never proposes such a plan. Every AMP run with one failed.
+    empty_stage: bool = False
 
     @property
     def error(self) -> float:
@@ -58,13 +62,15 @@ def predict(run: Run, constants: CostConstants) -> RunResult:
     """Estimate a run (mean bandwidth); with several candidate plans, the best that fits."""
     cm = CostModel(run.cluster, run.model, run.training, constants=constants, samples=0)
     best: Estimate | None = None
+    empty = False
     for plan in run.plans:
         est = cm.evaluate(plan, allow_empty_stages=True)
         if best is None or (est.feasible, -est.iter_time_mean) > (best.feasible,
                                                                   -best.iter_time_mean):
-            best = est
+            best, empty = est, any(st.layers == 0 for st in plan.stages)
     assert best is not None
-    return RunResult(run.row_id, run.measured_s, best.iter_time_mean, best.feasible, best)
+    return RunResult(run.row_id, run.measured_s, best.iter_time_mean, best.feasible, best,
+                     empty)
 
 
 @dataclass(frozen=True)
@@ -114,11 +120,25 @@ class ExperimentReport:
 
     @property
     def failed_caught(self) -> int:
+        """Failed runs the memory model predicts not to fit."""
         return sum(1 for r in self.failed if not r.feasible)
 
     @property
     def false_infeasible(self) -> int:
+        """Finished runs the memory model predicts not to fit."""
         return sum(1 for r in self.finite if not r.feasible)
+
+    @property
+    def failed_outside_space(self) -> int:
+        """Failed runs that fit by the memory model but have a stage without transformer
+        layers, which hetpar's plan space excludes (it would never propose them)."""
+        return sum(1 for r in self.failed if r.feasible and r.empty_stage)
+
+    @property
+    def finished_outside_space(self) -> int:
+        """Finished runs with a stage without transformer layers (the rule would be wrong
+        on them)."""
+        return sum(1 for r in self.finite if r.empty_stage)
 
 
 def calibration_report(constants: CostConstants) -> ExperimentReport:

@@ -523,6 +523,57 @@ def test_sharding_beyond_zero_1_makes_a_model_fit_and_zero_1_wins_where_both_fit
     assert sol.found and sol.plan.zero == 1
 
 
+def test_metis_climbs_to_zero_2_and_3_only_where_nothing_fits_below():
+    """The same one-layer model: Metis's memory ladder ends with the ZeRO stages above 1
+    that the spec allows, tried only where nothing fits under ZeRO-1; exact, which proves
+    the optimum over the same plans, is never worse."""
+    from hetpar.errors import InfeasibleError
+    from hetpar.problem.problem import Problem
+    from hetpar.solvers import solve
+    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
+                                        "gpus": 1, "nic_gbps": 200}],
+                             "topology": {"kind": "single_switch"}})
+
+    def problem(hidden, zeros):
+        model = parse_model({"layers": 1, "hidden": hidden, "heads": 64, "vocab": 32000,
+                             "seq_len": 512})
+        training = parse_training({"global_batch": 8, "recompute": ["full"], "zero": zeros})
+        return Problem.of(cluster, model, training, samples=0)
+
+    with pytest.raises(InfeasibleError):
+        solve(problem(24576, [0, 1]), method="metis").plan  # noqa: B018
+    big = problem(24576, [0, 1, 2, 3])
+    metis = solve(big, method="metis")
+    assert metis.found and metis.plan.zero >= 2 and metis.estimate.feasible
+    assert metis.details["zero_ladder"] == [1, 2, 3]
+    assert solve(big, method="exact").value <= metis.value
+    small = solve(problem(8192, [0, 1, 2, 3]), method="metis")
+    assert small.found and small.plan.zero == 1
+
+
+def test_metis_interleaves_where_it_pays():
+    """The instance where exact interleaves: Metis scores each split that fits with the
+    chunk counts the spec allows too, and keeps an interleaved plan when it is faster."""
+    from hetpar.problem.problem import Problem
+    from hetpar.solvers import solve
+    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
+                                        "gpus": 1, "nic_gbps": 400}],
+                             "topology": {"kind": "single_switch"}})
+    model = parse_model({"layers": 16, "hidden": 4096, "heads": 32, "vocab": 32000,
+                         "seq_len": 2048})
+    found = {}
+    for virtual in ([1], [1, 2, 4]):
+        training = parse_training({"global_batch": 8, "recompute": ["selective"],
+                                   "virtual_stages": virtual})
+        found[len(virtual)] = solve(Problem.of(cluster, model, training, samples=0),
+                                    method="metis")
+    plain, inter = found[1], found[3]
+    assert plain.found and plain.plan.virtual_stages == 1
+    assert inter.found and inter.plan.virtual_stages > 1
+    assert inter.value < plain.value
+    assert all(st.layers % inter.plan.virtual_stages == 0 for st in inter.plan.stages)
+
+
 def test_the_environment_refuses_a_spec_without_zero_0_or_1():
     from hetpar.envs.context import InstanceContext
     from hetpar.errors import ConfigError

@@ -63,7 +63,13 @@ job at all, so every baseline leaves their hosts out, as a user would.
        are measured once a stage's layers have changed), step by step until it fits or
        no move is left; the next recomputation mode is tried as well. The first mode
        that fits without moving layers ends the ladder (more recomputation only adds
-       work to the same split).
+       work to the same split). Where the spec allows ZeRO-2 or -3, they are the
+       ladder's last rungs, tried (each with every recomputation mode) only for a
+       micro-batch count where nothing fits under ZeRO-1. A split that fits is also
+       scored with each interleaved schedule the spec allows (``virtual_stages``, where
+       every stage's layers divide evenly into the chunks), and sequence parallelism is
+       on in every plan with a tensor-parallel stage where the spec allows it
+       (``PlanSpace.to_plan``).
     8. Keep the best plan that fits, by the objective. Once one fits, the search stops
        after ``patience`` (4) stage counts in a row that do not improve it. ``budget``
        caps the cost-model calls; the order of step 2 decides what is left out when it
@@ -437,6 +443,10 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
     modes = sorted(training.recompute_modes, key=lambda r: _RECOMPUTE_COST.get(r, 99))
     # ZeRO-1 where allowed (never slower than 0, and 2 and 3 add traffic); else the least.
     zero = max((z for z in training.zero_stages if z <= 1), default=min(training.zero_stages))
+    # The memory ladder's last rungs: ZeRO-2 and -3 where the spec allows them, tried for a
+    # micro-batch count only where nothing fits under ``zero`` (they shard gradients and
+    # weights at the price of more traffic).
+    zeros = [zero, *sorted(z for z in training.zero_stages if z > max(zero, 1))]
     limit = min(max_stages, nlayers) if types else 0
     done: dict[tuple[StageChoice, ...], float] = {}
     counters = {"rebalanced_fits": 0}
@@ -450,23 +460,36 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
         assert layers is not None
         out = math.inf
         for m in space.micro_batch_options([s.dp for s in stages]):
-            for rc in modes:
-                if search.exhausted:
-                    break
-                before = search.best_plan
-                value, used, usable = search.measure(space.to_plan(stages, layers, m, rc, zero))
-                fitted = math.isfinite(value)
-                if not fitted:
-                    value = _rebalance(search, space, stages, layers, m, rc, zero,
-                                       (used, usable))
-                    counters["rebalanced_fits"] += math.isfinite(value)
-                if search.best_plan is not before:
-                    best.clear()
-                    best.update(info, tp_per_stage=[s.tp for s in stages],
-                                dp_per_stage=[s.dp for s in stages], rebalanced=not fitted)
-                out = min(out, value)
-                if fitted:
-                    break  # more recomputation only adds work to the same split
+            got = math.inf  # under this micro-batch count
+            for z in zeros:
+                if z != zero and math.isfinite(got):
+                    break  # ZeRO-2/3 only where nothing fits under the lower stage
+                for rc in modes:
+                    if search.exhausted:
+                        break
+                    before = search.best_plan
+                    value, used, usable = search.measure(space.to_plan(stages, layers, m, rc,
+                                                                       z))
+                    fitted = math.isfinite(value)
+                    if not fitted:
+                        value = _rebalance(search, space, stages, layers, m, rc, z,
+                                           (used, usable))
+                        counters["rebalanced_fits"] += math.isfinite(value)
+                    else:
+                        # The interleaved schedule of the same split, where the spec allows
+                        # it: a shorter bubble for more transfers and activations in flight.
+                        for v in space.virtual_allowed(layers, m):
+                            if v > 1 and not search.exhausted:
+                                value = min(value, search.score(space.to_plan(
+                                    stages, layers, m, rc, z, virtual_stages=v)))
+                    if search.best_plan is not before:
+                        best.clear()
+                        best.update(info, tp_per_stage=[s.tp for s in stages],
+                                    dp_per_stage=[s.dp for s in stages], rebalanced=not fitted)
+                    got = min(got, value)
+                    if fitted:
+                        break  # more recomputation only adds work to the same split
+            out = min(out, got)
         if not search.exhausted:
             done[stages] = out
         return out
@@ -529,7 +552,8 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
     return search.solution("metis", start, {
         "layouts": len(done), "types_by_speed": types, "max_stages": limit,
         "stages_searched": depth, "rebalanced_fits": counters["rebalanced_fits"],
-        "zero": zero, "best_layout": dict(best), "budget_exhausted": search.exhausted})
+        "zero": zero, "zero_ladder": zeros, "best_layout": dict(best),
+        "budget_exhausted": search.exhausted})
 
 
 # ---- random --------------------------------------------------------------------------------

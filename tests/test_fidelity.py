@@ -176,3 +176,37 @@ def test_validate_reports_the_plan_space_rule_apart(capsys):
     assert data["het_cluster"]["failed_outside_space"] == 3
     assert data["het_cluster"]["finished_outside_space"] == 0
     assert data["het_cluster"]["rows"]["AMP-het_cluster-11"]["empty_stage"] is True
+
+
+def test_every_bundled_constant_names_its_source(constants):
+    """configs/calibration.yaml says where each constant comes from; the fitted ones name
+    their data, and what `hetpar calibrate` writes says the same."""
+    from hetpar.fidelity.calibrate import TIME_PARAMETERS, fit_sources
+
+    paths = constants.constant_paths()
+    assert len(paths) == len(set(paths)) > 30
+    assert all(constants.source_of(p) for p in paths)
+    for param in TIME_PARAMETERS:
+        assert param.path in paths, param.name
+        assert constants.source_of(param.path).startswith("fitted by `hetpar calibrate`")
+    assert "uncalibrated" in constants.source_of("gpus.default.gemm_efficiency")
+    assert dict(constants.sources) == fit_sources()
+
+
+def test_sources_are_metadata_and_a_bad_path_is_refused(constants, tmp_path):
+    import yaml
+
+    from hetpar.costmodel.constants import parse_constants
+    from hetpar.costmodel.version import constants_digest
+    from hetpar.errors import ConfigError
+
+    doc = constants.to_document()
+    bare = {k: v for k, v in doc.items() if k != "sources"}
+    assert constants_digest(parse_constants(bare, "<bare>")) == constants_digest(constants)
+    assert parse_constants(bare, "<bare>").source_of("gpus.default") is None
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**bare, "sources": {"gpus.H100-SXM5-80GB": "a guess"}}))
+    with pytest.raises(ConfigError, match="gpus.H100-SXM5-80GB: names no constant"):
+        parse_constants(yaml.safe_load(path.read_text()), str(path))
+    again = parse_constants(yaml.safe_load(yaml.safe_dump(doc)), "<again>")
+    assert dict(again.sources) == dict(constants.sources)

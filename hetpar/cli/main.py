@@ -593,7 +593,7 @@ def _cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
               "# the `homogeneous` rows of the AMP GPT-2 runs (configs/reference/); the\n"
               "# `het_cluster` rows are held out for `hetpar validate`.\n")
     import yaml
-    text = header + yaml.safe_dump(constants.to_dict(), sort_keys=False)
+    text = header + yaml.safe_dump(constants.to_document(), sort_keys=False, width=1000)
     if args.out:
         out = Path(args.out)
         try:

@@ -97,6 +97,10 @@ class CostConstants:
         default_factory=lambda: {"nvswitch": 0.8, "nvlink": 0.8, "xgmi": 0.7, "pcie": 0.6})
     weight_bytes: float = 2.0
     grad_bytes: float = 2.0
+    # Where each constant comes from (``source_of``): dotted paths of the file's keys, a
+    # group's path covering its members, mapped to a line of text. Metadata: not in
+    # ``to_dict``, so not in the digest a stored value records (``costmodel.version``).
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def gpu_efficiency(self, gpu_name: str) -> GpuEfficiency:
         return self.gpu.get(gpu_name) or self.gpu["default"]
@@ -137,14 +141,45 @@ class CostConstants:
             },
         }
 
+    def to_document(self) -> dict[str, Any]:
+        """``to_dict`` and, where any are known, the ``sources``: the file's content."""
+        out = self.to_dict()
+        if self.sources:
+            out["sources"] = dict(self.sources)
+        return out
+
+    def constant_paths(self) -> list[str]:
+        """The dotted path of every constant of the file (``gpus.T4-16GB.hbm_efficiency``,
+        ``shared.intra_efficiency.pcie``), in the file's order."""
+        return list(_leaf_paths(self.to_dict()))
+
+    def source_of(self, path: str) -> str | None:
+        """Where the constant at ``path`` comes from: its own entry in ``sources``, else
+        that of the nearest group containing it; None if neither says."""
+        while path:
+            hit = self.sources.get(path)
+            if hit is not None:
+                return hit
+            path = path.rpartition(".")[0]
+        return None
+
     def save(self, path: str | Path, header: str = "") -> None:
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text = yaml.safe_dump(self.to_document(), sort_keys=False, width=1000)
         Path(path).write_text(header + text, encoding="utf-8")
+
+
+def _leaf_paths(tree: Mapping[str, Any], prefix: str = ""):  # type: ignore[no-untyped-def]
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _leaf_paths(value, path + ".")
+        else:
+            yield path
 
 
 def parse_constants(data: Any, source: str) -> CostConstants:
     root = Reader.of(data, source)
-    root.check_keys(frozenset({"gpus", "frameworks", "shared"}))
+    root.check_keys(frozenset({"gpus", "frameworks", "shared", "sources"}))
     gpus: dict[str, GpuEfficiency] = {}
     g = root.sub("gpus")
     for name in g.data:
@@ -178,7 +213,7 @@ def parse_constants(data: Any, source: str) -> CostConstants:
     from hetpar.cluster.gpu import SCALEUP_KINDS
 
     intra.check_keys(frozenset(SCALEUP_KINDS))
-    return CostConstants(
+    constants = CostConstants(
         gpu=gpus,
         frameworks=frameworks,
         elementwise_traffic=shared.number("elementwise_traffic", nonnegative=True,
@@ -191,6 +226,18 @@ def parse_constants(data: Any, source: str) -> CostConstants:
                                    maximum=_SHARED_MAX["weight_bytes"]),
         grad_bytes=shared.number("grad_bytes", positive=True, maximum=_SHARED_MAX["grad_bytes"]),
     )
+    if "sources" not in root.data:
+        return constants
+    src = root.sub("sources")
+    paths = constants.constant_paths()
+    sources: dict[str, str] = {}
+    for key in src.data:
+        key = str(key)
+        if not any(p == key or p.startswith(key + ".") for p in paths):
+            raise src.error(key, "names no constant of this file (a dotted path such as "
+                                 "gpus.T4-16GB.gemm_efficiency, or a group such as gpus.T4-16GB)")
+        sources[key] = src.str(key)
+    return replace(constants, sources=sources)
 
 
 def load_constants(path: str | Path | None = None) -> CostConstants:

@@ -28,7 +28,8 @@ from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
 from hetpar.costmodel.estimate import CostModel
 from hetpar.fidelity.report import predict, predicted_time
 
-__all__ = ["DISCRETE_CHOICES", "Parameter", "TIME_PARAMETERS", "fit_constants", "calibration_runs"]
+__all__ = ["DISCRETE_CHOICES", "Parameter", "TIME_PARAMETERS", "fit_constants", "fit_sources",
+           "calibration_runs"]
 
 A100, T4 = "A100-SXM4-80GB", "T4-16GB"
 
@@ -42,6 +43,8 @@ class Parameter:
     low: float
     high: float
     apply: Callable[[CostConstants, float], CostConstants]
+    path: str = ""  # where the file keeps it (``CostConstants.constant_paths``)
+    data: str = ""  # the calibration data that determine it, in words
 
 
 def _gpu(name: str, which: str, scale: float = 1.0,
@@ -68,23 +71,70 @@ def _intra(kind: str) -> Callable[[CostConstants, float], CostConstants]:
 
 MLM, MDS = "megatron-lm", "megatron-deepspeed"
 
+_SC21 = "Megatron-LM SC21 Table 1 (10 runs on DGX A100)"
+_AMP = "AMP's homogeneous GPT-2 runs (4 hosts of 4 T4-16GB, Megatron-DeepSpeed)"
+
 TIME_PARAMETERS: tuple[Parameter, ...] = (
-    Parameter("A100 gemm efficiency", 0.55, 0.2, 0.95, _gpu(A100, "gemm")),
-    Parameter("T4 gemm efficiency", 0.3, 0.02, 0.95, _gpu(T4, "gemm")),
-    Parameter("T4 hbm efficiency", 0.7, 0.2, 0.95, _gpu(T4, "hbm")),
-    Parameter("elementwise traffic", 2.0, 0.5, 8.0, _shared("elementwise_traffic")),
-    Parameter("PCIe efficiency", 0.6, 0.05, 1.0, _intra("pcie")),
-    Parameter(f"{MLM} layer overhead (us)", 50.0, 0.0, 5000.0, _fw(MLM, "layer_overhead_s", 1e-6)),
+    Parameter("A100 gemm efficiency", 0.55, 0.2, 0.95, _gpu(A100, "gemm"),
+              f"gpus.{A100}.gemm_efficiency", _SC21),
+    Parameter("T4 gemm efficiency", 0.3, 0.02, 0.95, _gpu(T4, "gemm"),
+              f"gpus.{T4}.gemm_efficiency", _AMP),
+    Parameter("T4 hbm efficiency", 0.7, 0.2, 0.95, _gpu(T4, "hbm"),
+              f"gpus.{T4}.hbm_efficiency", _AMP),
+    Parameter("elementwise traffic", 2.0, 0.5, 8.0, _shared("elementwise_traffic"),
+              "shared.elementwise_traffic", f"{_SC21} and {_AMP}"),
+    Parameter("PCIe efficiency", 0.6, 0.05, 1.0, _intra("pcie"),
+              "shared.intra_efficiency.pcie", _AMP),
+    Parameter(f"{MLM} layer overhead (us)", 50.0, 0.0, 5000.0, _fw(MLM, "layer_overhead_s", 1e-6),
+              f"frameworks.{MLM}.layer_overhead_us", _SC21),
     Parameter(f"{MDS} layer overhead (us)", 200.0, 0.0, 5000.0,
-              _fw(MDS, "layer_overhead_s", 1e-6)),
+              _fw(MDS, "layer_overhead_s", 1e-6), f"frameworks.{MDS}.layer_overhead_us", _AMP),
     Parameter(f"{MDS} micro-batch overhead (us)", 300.0, 0.0, 2e5,
-              _fw(MDS, "microbatch_overhead_s", 1e-6)),
+              _fw(MDS, "microbatch_overhead_s", 1e-6),
+              f"frameworks.{MDS}.microbatch_overhead_us", _AMP),
     Parameter(f"{MDS} iteration overhead (ms)", 20.0, 0.0, 2000.0,
-              _fw(MDS, "iteration_overhead_s", 1e-3)),
-    Parameter(f"{MDS} network efficiency", 0.8, 0.1, 1.0, _fw(MDS, "net_efficiency")),
+              _fw(MDS, "iteration_overhead_s", 1e-3),
+              f"frameworks.{MDS}.iteration_overhead_ms", _AMP),
+    Parameter(f"{MDS} network efficiency", 0.8, 0.1, 1.0, _fw(MDS, "net_efficiency"),
+              f"frameworks.{MDS}.net_efficiency", _AMP),
     Parameter(f"{MDS} collective step latency (us)", 20.0, 1.0, 20000.0,
-              _fw(MDS, "step_latency_s", 1e-6)),
+              _fw(MDS, "step_latency_s", 1e-6), f"frameworks.{MDS}.step_latency_us", _AMP),
 )
+
+
+def fit_sources(params: Sequence[Parameter] = TIME_PARAMETERS) -> dict[str, str]:
+    """Where each constant ``fit_constants`` writes comes from (``CostConstants.sources``):
+    the fitted ones name their data, the others why they have their value. A group's entry
+    covers the members without their own."""
+    out = {
+        "gpus": "not fitted: the starting value, which the calibration data do not determine",
+        "gpus.default": (f"the {A100} entry, copied: a GPU type without an entry of its own "
+                         "takes these efficiencies with its own datasheet peak and memory "
+                         "bandwidth, and every estimate names it uncalibrated"),
+        "frameworks": ("not fitted: hetpar's defaults (FrameworkConstants), which the "
+                       "calibration data do not determine"),
+        f"frameworks.{MLM}.p2p_copy_per_tp_rank": ("known: Megatron-LM splits a pipeline "
+                                                   "transfer over the tensor-parallel ranks"),
+        f"frameworks.{MLM}.tied_embedding_sync": ("known: Megatron-LM all-reduces the tied "
+                                                  "embedding's gradient between the first "
+                                                  "and last stage"),
+        f"frameworks.{MDS}.p2p_copy_per_tp_rank": f"chosen: the combination that fits {_AMP} best",
+        f"frameworks.{MDS}.tied_embedding_sync": f"chosen: the combination that fits {_AMP} best",
+        "shared": "not fitted: hetpar's defaults, which the calibration data do not determine",
+        "shared.weight_bytes": "the size of an fp16 or bf16 value",
+        "shared.grad_bytes": "the size of an fp16 or bf16 value",
+        "shared.optimizer_bytes_per_param": ("not fitted: HBM bytes one Adam step reads and "
+                                             "writes per parameter"),
+        "shared.intra_efficiency": ("not fitted: assumed fractions of the datasheet scale-up "
+                                    "bandwidth"),
+    }
+    for key in ("reserve_gib", "fragmentation", "logits_bytes_per_value", "optimizer_bytes"):
+        out[f"frameworks.{MDS}.{key}"] = (
+            f"chosen on a grid from {_AMP}: no finished run predicted out of memory, then "
+            "the most failed runs caught")
+    for p in params:
+        out[p.path] = f"fitted by `hetpar calibrate`: {p.data}"
+    return out
 
 
 def calibration_runs() -> list[Run]:
@@ -229,4 +279,4 @@ def fit_constants(base: CostConstants | None = None,
     report[f"{MDS} p2p copy per tp rank"] = float(start.framework(MDS).p2p_copy_per_tp_rank)
     report[f"{MDS} tied embedding sync"] = float(start.framework(MDS).tied_embedding_sync)
     report["time fit cost"] = float(cost)
-    return fitted, report
+    return replace(fitted, sources=fit_sources(params)), report

@@ -497,22 +497,28 @@ def test_exact_over_zero_stages_agrees_with_enumeration(seed):
         assert exact.plan.zero in zeros
 
 
+def _one_wide_layer(hidden, zeros):
+    """One layer of ``hidden`` on eight 1-GPU A100-40GB hosts (200 Gb/s), 8 sequences, full
+    recomputation, the ZeRO stages ``zeros``: no pipeline can split it."""
+    from hetpar.problem.problem import Problem
+    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
+                                        "gpus": 1, "nic_gbps": 200}],
+                             "topology": {"kind": "single_switch"}})
+    model = parse_model({"layers": 1, "hidden": hidden, "heads": 64, "vocab": 32000,
+                         "seq_len": 512})
+    training = parse_training({"global_batch": 8, "recompute": ["full"], "zero": zeros})
+    return Problem.of(cluster, model, training, samples=0)
+
+
 def test_sharding_beyond_zero_1_makes_a_model_fit_and_zero_1_wins_where_both_fit():
     """One 8-billion-parameter layer on eight 1-GPU A100-40GB hosts: no pipeline can split
     it, ZeRO-1 over 8 replicas needs 5.5 bytes per parameter (does not fit), ZeRO-2 3.75
     (fits); where ZeRO-1 fits, the search keeps it (never slower)."""
     from hetpar.errors import InfeasibleError
-    from hetpar.problem.problem import Problem
     from hetpar.solvers import solve
-    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
-                                        "gpus": 1, "nic_gbps": 200}],
-                             "topology": {"kind": "single_switch"}})
 
     def solved(hidden, zeros):
-        model = parse_model({"layers": 1, "hidden": hidden, "heads": 64, "vocab": 32000,
-                             "seq_len": 512})
-        training = parse_training({"global_batch": 8, "recompute": ["full"], "zero": zeros})
-        return solve(Problem.of(cluster, model, training, samples=0), method="exact")
+        return solve(_one_wide_layer(hidden, zeros), method="exact")
 
     with pytest.raises(InfeasibleError):
         solved(24576, [0, 1]).plan  # noqa: B018 - refused up front or found nothing
@@ -528,17 +534,8 @@ def test_metis_climbs_to_zero_2_and_3_only_where_nothing_fits_below():
     that the spec allows, tried only where nothing fits under ZeRO-1; exact, which proves
     the optimum over the same plans, is never worse."""
     from hetpar.errors import InfeasibleError
-    from hetpar.problem.problem import Problem
     from hetpar.solvers import solve
-    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
-                                        "gpus": 1, "nic_gbps": 200}],
-                             "topology": {"kind": "single_switch"}})
-
-    def problem(hidden, zeros):
-        model = parse_model({"layers": 1, "hidden": hidden, "heads": 64, "vocab": 32000,
-                             "seq_len": 512})
-        training = parse_training({"global_batch": 8, "recompute": ["full"], "zero": zeros})
-        return Problem.of(cluster, model, training, samples=0)
+    problem = _one_wide_layer
 
     with pytest.raises(InfeasibleError):
         solve(problem(24576, [0, 1]), method="metis").plan  # noqa: B018
@@ -554,20 +551,7 @@ def test_metis_climbs_to_zero_2_and_3_only_where_nothing_fits_below():
 def test_metis_interleaves_where_it_pays():
     """The instance where exact interleaves: Metis scores each split that fits with the
     chunk counts the spec allows too, and keeps an interleaved plan when it is faster."""
-    from hetpar.problem.problem import Problem
-    from hetpar.solvers import solve
-    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
-                                        "gpus": 1, "nic_gbps": 400}],
-                             "topology": {"kind": "single_switch"}})
-    model = parse_model({"layers": 16, "hidden": 4096, "heads": 32, "vocab": 32000,
-                         "seq_len": 2048})
-    found = {}
-    for virtual in ([1], [1, 2, 4]):
-        training = parse_training({"global_batch": 8, "recompute": ["selective"],
-                                   "virtual_stages": virtual})
-        found[len(virtual)] = solve(Problem.of(cluster, model, training, samples=0),
-                                    method="metis")
-    plain, inter = found[1], found[3]
+    plain, inter = _without_and_with_interleaving("metis")
     assert plain.found and plain.plan.virtual_stages == 1
     assert inter.found and inter.plan.virtual_stages > 1
     assert inter.value < plain.value
@@ -608,10 +592,9 @@ def test_exact_over_interleaved_plans_agrees_with_enumeration(seed):
                                                samples=4, seed=seed), method="brute").value
 
 
-def test_interleaving_is_found_where_it_pays():
-    """Eight 1-GPU A100-40GB hosts on a 400 Gb/s switch, a 3.3B-parameter model that needs a
-    pipeline, 8 sequences: few micro-batches, so the bubble is a large part of the
-    iteration, and the search interleaves (0.609 s plain, 0.482 s with 4 chunks)."""
+def _without_and_with_interleaving(method):
+    """``method``'s answers on eight 1-GPU A100-40GB hosts (400 Gb/s) for a 16-layer 3.3B
+    model and 8 sequences, with plain 1F1B only and with 2 or 4 chunks allowed."""
     from hetpar.problem.problem import Problem
     from hetpar.solvers import solve
     cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
@@ -619,13 +602,19 @@ def test_interleaving_is_found_where_it_pays():
                              "topology": {"kind": "single_switch"}})
     model = parse_model({"layers": 16, "hidden": 4096, "heads": 32, "vocab": 32000,
                          "seq_len": 2048})
-    found = {}
+    out = []
     for virtual in ([1], [1, 2, 4]):
         training = parse_training({"global_batch": 8, "recompute": ["selective"],
                                    "virtual_stages": virtual})
-        found[len(virtual)] = solve(Problem.of(cluster, model, training, samples=0),
-                                    method="exact")
-    plain, inter = found[1], found[3]
+        out.append(solve(Problem.of(cluster, model, training, samples=0), method=method))
+    return tuple(out)
+
+
+def test_interleaving_is_found_where_it_pays():
+    """Eight 1-GPU A100-40GB hosts on a 400 Gb/s switch, a 3.3B-parameter model that needs a
+    pipeline, 8 sequences: few micro-batches, so the bubble is a large part of the
+    iteration, and the search interleaves (0.609 s plain, 0.482 s with 4 chunks)."""
+    plain, inter = _without_and_with_interleaving("exact")
     assert inter.certificate.optimal and plain.certificate.optimal
     assert plain.plan.num_stages > 1 and plain.plan.virtual_stages == 1
     assert inter.plan.virtual_stages > 1

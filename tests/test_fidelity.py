@@ -210,3 +210,5 @@ def test_sources_are_metadata_and_a_bad_path_is_refused(constants, tmp_path):
         parse_constants(yaml.safe_load(path.read_text()), str(path))
     again = parse_constants(yaml.safe_load(yaml.safe_dump(doc)), "<again>")
     assert dict(again.sources) == dict(constants.sources)
+    written = parse_constants(yaml.safe_load(constants.to_yaml("# header\n")), "<written>")
+    assert written.to_document() == doc  # what `hetpar calibrate` writes reads back whole

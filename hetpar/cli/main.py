@@ -576,11 +576,12 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     failed = sum(len(r.failed) for r in reports)
     wrong = sum(r.false_infeasible for r in reports)
     outside = sum(r.failed_outside_space for r in reports)
+    wrong_outside = sum(r.finished_outside_space for r in reports)
     console.print(f"\nboth experiments: {caught} of {failed} failed runs predicted infeasible, "
                   f"{wrong} finished runs predicted infeasible; {caught + outside} of {failed} "
                   f"failed runs hetpar would not run ({outside} more whose plans have a stage "
                   f"without transformer layers, which its plan space excludes), "
-                  f"{wrong + sum(r.finished_outside_space for r in reports)} finished runs")
+                  f"{wrong + wrong_outside} finished runs")
     return 0
 
 
@@ -592,8 +593,7 @@ def _cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     header = ("# Cost-model constants fitted by `hetpar calibrate` on Megatron SC21 Table 1 and\n"
               "# the `homogeneous` rows of the AMP GPT-2 runs (configs/reference/); the\n"
               "# `het_cluster` rows are held out for `hetpar validate`.\n")
-    import yaml
-    text = header + yaml.safe_dump(constants.to_document(), sort_keys=False, width=1000)
+    text = constants.to_yaml(header)
     if args.out:
         out = Path(args.out)
         try:

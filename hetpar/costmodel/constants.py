@@ -14,7 +14,7 @@ Table 1 and AMP's homogeneous runs) and judged on held-out data by ``hetpar vali
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -163,12 +163,12 @@ class CostConstants:
             path = path.rpartition(".")[0]
         return None
 
-    def save(self, path: str | Path, header: str = "") -> None:
-        text = yaml.safe_dump(self.to_document(), sort_keys=False, width=1000)
-        Path(path).write_text(header + text, encoding="utf-8")
+    def to_yaml(self, header: str = "") -> str:
+        """The file's text (``hetpar calibrate`` writes it), after ``header``."""
+        return header + yaml.safe_dump(self.to_document(), sort_keys=False, width=1000)
 
 
-def _leaf_paths(tree: Mapping[str, Any], prefix: str = ""):  # type: ignore[no-untyped-def]
+def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
     for key, value in tree.items():
         path = f"{prefix}{key}"
         if isinstance(value, Mapping):

@@ -136,9 +136,10 @@ class ExperimentReport:
 
     @property
     def finished_outside_space(self) -> int:
-        """Finished runs with a stage without transformer layers (the rule would be wrong
-        on them)."""
-        return sum(1 for r in self.finite if r.empty_stage)
+        """Finished runs that fit by the memory model but have a stage without transformer
+        layers: the plan-space rule would be wrong on them (apart from ``false_infeasible``,
+        so that the two add up)."""
+        return sum(1 for r in self.finite if r.feasible and r.empty_stage)
 
 
 def calibration_report(constants: CostConstants) -> ExperimentReport:

@@ -17,8 +17,8 @@ from hetpar.dynamics.experiment import (
     summary_doc,
     summary_rows,
 )
-from hetpar.dynamics.oracle import hindsight
-from hetpar.dynamics.scenario import build_timeline, parse_scenario
+from hetpar.dynamics.oracle import failure_blind, hindsight
+from hetpar.dynamics.scenario import build_timeline, failure_times, known_at, parse_scenario
 from hetpar.dynamics.simulator import SimSettings, plan_hosts, simulate
 from hetpar.dynamics.strategies import Planners, make_strategy
 from hetpar.dynamics.switching import Belief, SwitchRule, parse_rule
@@ -151,6 +151,73 @@ def test_the_oracle_avoids_a_failure_loss():
         assert row["lost_iterations_mean"] > 0
 
 
+def _failure_run():
+    """The scenario of ``test_the_oracle_avoids_a_failure_loss``: a host of the best plan
+    lost from 100 s to 200 s, no checkpoint before it."""
+    sc0 = parse_scenario(scenario_doc(processes=[]))
+    p = Planners(load_model(sc0.model), load_training(sc0.training), node_limit=NODES)
+    state = build_timeline(sc0, np.random.default_rng(0)).states[0]
+    host = sorted(plan_hosts(p.exact(state).plan))[-1]
+    doc = scenario_doc(iterations=3000, events=[
+        {"kind": "host_down", "host": host, "at_s": 100, "until_s": 200}])
+    return _run(doc, seeds=(0,)), host, parse_scenario(doc)
+
+
+def test_the_failure_blind_oracle_meets_the_failure_like_the_strategies():
+    """Not knowing of the failure, the failure-blind oracle runs the best plan, loses the
+    work since the start like every strategy and reloads; the hindsight oracle, which
+    knew, is faster. Every strategy's regret to it is below its regret to hindsight."""
+    run, host, sc = _failure_run()
+    (oracle,), (blind,) = run.oracles, run.blind_oracles
+    assert blind is not oracle and blind.finished
+    assert blind.failures == 1 and oracle.failures == 0
+    running = [blind.plans[i] for t, i in blind.schedule if t < 100.0][-1]
+    assert host in plan_hosts(running)
+    assert oracle.wall_s < blind.wall_s
+    # Both oracles draw on the same plans, so knowing more is never worse.
+    assert set(blind.plans) <= set(oracle.plans)
+    for row in summary_rows(run):
+        assert row["regret_blind_mean"] < row["regret_mean"]
+    # Static runs the same plan through the same failure: the blind oracle is no slower.
+    (static,) = run.results["static"]
+    assert blind.wall_s <= static.wall_s * (1 + EPS)
+    orow = oracle_row(run)
+    assert orow["blind_regret_mean"] == pytest.approx(blind.wall_s / oracle.wall_s - 1)
+    # The timeline known at 0 is the run's up to the failure.
+    known = build_timeline(known_at(sc, 0.0), np.random.default_rng(0))
+    assert failure_times(sc) == (100.0,)
+    assert all(not st.lost_hosts for st in known.states)
+    assert [st.key for st in known.states if st.start_s < 100.0] == \
+        [st.key for st in run.timelines[0].states if st.start_s < 100.0]
+
+
+def test_without_failures_the_blind_oracle_is_the_hindsight_oracle():
+    run = _run(SCENARIOS["bandwidth"], ("static",), seeds=(0,))
+    assert run.blind_oracles == run.oracles
+    (row,) = summary_rows(run)
+    assert row["regret_blind_mean"] == row["regret_mean"]
+
+
+def test_failure_blind_by_hand_on_the_host_loss_scenario():
+    """Two failures: the blind oracle re-plans at each, is never faster than the
+    hindsight oracle, and from the timelines known at each failure it reproduces what
+    ``run_scenario`` reports."""
+    doc = SCENARIOS["host-loss"]
+    sc = parse_scenario(doc)
+    run = _run(doc, seeds=(0,))
+    (oracle,), (blind,) = run.oracles, run.blind_oracles
+    assert failure_times(sc) == (200.0, 600.0)
+    assert oracle.wall_s <= blind.wall_s * (1 + EPS)
+    p = Planners(load_model(sc.model), load_training(sc.training), node_limit=NODES)
+    ran = [q for (r,) in run.results.values() for q in r.plan_objects]
+    known = [(t, build_timeline(known_at(sc, t), np.random.default_rng(0)))
+             for t in (0.0, 200.0, 600.0)]
+    again = failure_blind(run.timelines[0], known, p, run.settings, ran, node_limit=ORACLE)
+    assert again.wall_s == blind.wall_s and again.schedule == blind.schedule
+    with pytest.raises(ValueError):
+        failure_blind(run.timelines[0], known[1:], p, run.settings, ran, node_limit=ORACLE)
+
+
 def test_an_oracle_of_cut_searches_still_bounds_every_schedule():
     """State searches stopped after 5 nodes: no state is proven, the bound comes from
     their lower bounds (below the schedule's time), and the schedule, over the
@@ -173,7 +240,8 @@ def test_no_oracle_no_regret():
     assert run.oracles == [] and oracle_row(run) is None
     (row,) = summary_rows(run)
     assert "regret_mean" not in row
-    assert summary_doc(run)["hindsight"] == {"summary": None, "runs": []}
+    assert summary_doc(run)["hindsight"] == {"summary": None, "runs": [],
+                                             "failure_blind_runs": []}
 
 
 # ---- determinism -------------------------------------------------------------------------

@@ -14,8 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from hetpar.dynamics.oracle import ORACLE_NODES, OracleResult, hindsight
-from hetpar.dynamics.scenario import Scenario, Timeline, build_timeline
+from hetpar.dynamics.oracle import ORACLE_NODES, OracleResult, failure_blind, hindsight
+from hetpar.dynamics.scenario import (
+    Scenario,
+    Timeline,
+    build_timeline,
+    failure_times,
+    known_at,
+)
 from hetpar.dynamics.simulator import RunResult, SimSettings, simulate
 from hetpar.dynamics.strategies import (
     REPLAN_NODES,
@@ -67,6 +73,9 @@ class ScenarioRun:
     timelines: list[Timeline] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     oracles: list[OracleResult] = field(default_factory=list)
+    # The oracle that learns of each failure when it happens (the hindsight oracle itself
+    # where the scenario has no failure after the start).
+    blind_oracles: list[OracleResult] = field(default_factory=list)
     policy_latencies: list[float] = field(default_factory=list)
     exact_latencies: list[float] = field(default_factory=list)
 
@@ -128,12 +137,23 @@ def run_scenario(scenario: Scenario, strategies: Sequence[str], seeds: Sequence[
         if oracle:
             ran = [p for rs in run.results.values() if len(rs) == len(run.timelines)
                    for p in rs[-1].plan_objects]
+            times = failure_times(scenario)
+            blind: OracleResult | None = None
+            if times:
+                known = [(t, build_timeline(known_at(scenario, t), np.random.default_rng(seed)))
+                         for t in (0.0, *times)]
+                blind = failure_blind(tl, known, planners, settings, ran,
+                                      node_limit=oracle_nodes)
+                # The same plans for both, so that knowing more is never worse.
+                ran = [*ran, *blind.plans]
             best = hindsight(tl, planners, settings, ran, node_limit=oracle_nodes)
             run.oracles.append(best)
+            run.blind_oracles.append(blind if blind is not None else best)
             if log:
                 log(f"{scenario.name} seed {seed} hindsight: {best.wall_s:.0f} s, "
                     f"{best.switches} switches, bound {best.lower_bound_s:.0f} s, "
-                    f"{best.certified}/{best.states} states certified")
+                    f"{best.certified}/{best.states} states certified"
+                    + (f"; failure-blind: {blind.wall_s:.0f} s" if blind is not None else ""))
     run.policy_latencies = list(planners.policy_latencies)
     run.exact_latencies = list(planners.exact_latencies)
     return run
@@ -188,6 +208,11 @@ def summary_rows(run: ScenarioRun) -> list[dict[str, Any]]:
             reg = np.array([_regret(r.wall_s, o.wall_s) for r, o in zip(results, run.oracles)])
             row["regret_mean"] = float(reg.mean())
             row["regret_max"] = float(reg.max())
+        if len(run.blind_oracles) == len(results):
+            reg = np.array([_regret(r.wall_s, o.wall_s)
+                            for r, o in zip(results, run.blind_oracles)])
+            row["regret_blind_mean"] = float(reg.mean())
+            row["regret_blind_max"] = float(reg.max())
         rows.append(row)
     return rows
 
@@ -206,7 +231,13 @@ def oracle_row(run: ScenarioRun) -> dict[str, Any] | None:
             "switches_mean": float(np.mean([x.switches for x in o])),
             "migration_s_mean": float(np.mean([x.migration_s for x in o])),
             "states": [x.states for x in o], "certified": [x.certified for x in o],
-            "front_cut": any(x.front_cut for x in o)}
+            "front_cut": any(x.front_cut for x in o),
+            # The oracle blind to failures until they happen: what no strategy avoids.
+            "blind_wall_s_mean": float(np.mean([x.wall_s for x in run.blind_oracles]))
+            if len(run.blind_oracles) == len(o) else None,
+            "blind_regret_mean": float(np.mean([_regret(b.wall_s, x.wall_s) for b, x in
+                                                zip(run.blind_oracles, o)]))
+            if len(run.blind_oracles) == len(o) else None}
 
 
 def pct(x: float) -> str:
@@ -227,16 +258,17 @@ def _markdown(run: ScenarioRun) -> str:
               f"failure reloads one in {s.reload_s:.1f} s); network states per seed: "
               f"{', '.join(str(len(t.states)) for t in run.timelines)}"), ""]
     lines += [("| strategy | wall time (s), mean ± sd | regret to hindsight, mean [max] "
-               "| vs static | tokens/h | switches | migration (s) | moved (GB) "
-               "| lost iterations | planning charged (s) | no-plan stall (s) |"),
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| regret to failure-blind | vs static | tokens/h | switches | migration (s) "
+               "| moved (GB) | lost iterations | planning charged (s) | no-plan stall (s) |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in summary_rows(run):
         stalled = [t for t in row["stalled_at_s"] if t is not None]
         wall = (f"{_fmt(row['wall_s_mean'])} ± {_fmt(row['wall_s_std'])}" if not stalled else
                 f"stalls at {', '.join(f'{t:.0f} s' for t in stalled)}")
         regret = (f"{pct(row['regret_mean'])} [{pct(row['regret_max'])}]"
                   if "regret_mean" in row else "n/a")
-        lines.append(f"| {row['strategy']} | {wall} | {regret} | "
+        blind = pct(row.get("regret_blind_mean", math.nan))
+        lines.append(f"| {row['strategy']} | {wall} | {regret} | {blind} | "
                      f"{pct(row.get('vs_static_mean', math.nan))} | "
                      f"{row['tokens_per_hour_mean']:.3g} | {row['switches_mean']:.1f} | "
                      f"{row['migration_s_mean']:.0f} | {row['moved_GB_mean']:.0f} | "
@@ -245,12 +277,15 @@ def _markdown(run: ScenarioRun) -> str:
     orow = oracle_row(run)
     if orow is not None:
         lines.append(f"| hindsight | {_fmt(orow['wall_s_mean'])} ± {_fmt(orow['wall_s_std'])} "
-                     f"| +0.00% | | | {orow['switches_mean']:.1f} | "
+                     f"| +0.00% | | | | {orow['switches_mean']:.1f} | "
                      f"{orow['migration_s_mean']:.0f} | | | | |")
         lines.append(
             f"\nhindsight oracle: lower bound on any schedule {_fmt(orow['lower_bound_s_mean'])} s "
             f"(oracle within {pct(orow['bound_gap_max'])} of it); distinct network states "
-            f"per seed {orow['states']}, of which proven optimal {orow['certified']}"
+            f"per seed {orow['states']}, of which proven optimal {orow['certified']}; "
+            f"the failure-blind oracle (learns of each failure when it happens) "
+            f"{pct(orow['blind_regret_mean'] if orow['blind_regret_mean'] is not None else math.nan)}"
+            f" above it"
             + ("; a Pareto front was cut (schedule not proven best)"
                if orow["front_cut"] else ""))
     for name, why in run.skipped.items():
@@ -355,6 +390,7 @@ def summary_doc(run: ScenarioRun) -> dict[str, Any]:
                           "reload_s": st.reload_s},
             "skipped": run.skipped, "summary": summary_rows(run),
             "hindsight": {"summary": oracle_row(run),
-                          "runs": [o.to_dict() for o in run.oracles]},
+                          "runs": [o.to_dict() for o in run.oracles],
+                          "failure_blind_runs": [o.to_dict() for o in run.blind_oracles]},
             "policy_latency_s": run.policy_latencies, "exact_latency_s": run.exact_latencies,
             "runs": {k: [r.to_dict() for r in v] for k, v in run.results.items()}}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ __all__ = [
     "Timeline",
     "build_timeline",
     "cluster_without",
+    "failure_times",
+    "known_at",
     "list_scenarios",
     "load_scenario",
     "parse_scenario",
@@ -296,6 +298,24 @@ def build_timeline(scenario: Scenario, rng: np.random.Generator, *,
         states.append(NetworkState(len(states), float(t), math.inf, cl, vec, base_row, label,
                                    lost))
     return Timeline(base, names, tuple(states))
+
+
+def failure_times(scenario: Scenario) -> tuple[float, ...]:
+    """When a host or a link goes down after the start, within the horizon (sorted,
+    distinct): the moments a strategy learns of a failure."""
+    return tuple(sorted({ev.at_s for ev in scenario.events
+                         if isinstance(ev, (HostDown, LinkDown))
+                         and 0.0 < ev.at_s < scenario.horizon_s}))
+
+
+def known_at(scenario: Scenario, t: float) -> Scenario:
+    """The scenario as it is known at ``t``: the failures (host or link down) that start
+    after ``t`` removed, the rest (bandwidth processes, traces, degradations, the failures
+    already under way and when they end) kept. Built with the same seed, its timeline is
+    the run's up to the next failure."""
+    return replace(scenario, events=tuple(
+        ev for ev in scenario.events
+        if not isinstance(ev, (HostDown, LinkDown)) or ev.at_s <= t))
 
 
 def _with_end(s: NetworkState, end: float) -> NetworkState:

@@ -20,6 +20,10 @@ that uses none of them is written as version 1, so older readers keep reading it
   many TP blocks of a stage (consecutive entries of its ``replicas``, on one host), which
   exchange keys and values around a ring in every attention layer; a stage's
   data-parallel degree is then its replica count over it.
+* ``offload``: ``"optimizer"`` keeps the optimizer states (fp32 master weights, Adam's
+  moments) in host memory and runs the optimizer step on the host CPU (DeepSpeed's
+  ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``); it needs ``zero`` >= 1.
+  ``"none"`` (the default) keeps them on the GPUs. Activation offload is not modelled.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ if TYPE_CHECKING:
     from hetpar.workload.model import ModelSpec
     from hetpar.workload.training import TrainingSpec
 
-__all__ = ["Plan", "Stage", "Replica", "validate_plan", "PLAN_VERSION"]
+__all__ = ["Plan", "Stage", "Replica", "validate_plan", "PLAN_VERSION", "OFFLOAD_MODES"]
 
 PLAN_VERSION = 2
-_V2_FIELDS = ("sequence_parallel", "virtual_stages", "context_parallel")
+_V2_FIELDS = ("sequence_parallel", "virtual_stages", "context_parallel", "offload")
+OFFLOAD_MODES = ("none", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class Plan:
     sequence_parallel: bool = False
     virtual_stages: int = 1
     context_parallel: int = 1
+    offload: str = "none"  # OFFLOAD_MODES
     # The format version it was read from (not part of the plan's identity).
     version: int = field(default=1, compare=False)
 
@@ -81,7 +87,7 @@ class Plan:
     def format_version(self) -> int:
         """The oldest format that expresses the plan (what ``to_dict`` writes)."""
         return 2 if (self.sequence_parallel or self.virtual_stages != 1 or self.zero > 1
-                     or self.context_parallel != 1) else 1
+                     or self.context_parallel != 1 or self.offload != "none") else 1
 
     @property
     def num_stages(self) -> int:
@@ -140,6 +146,12 @@ class Plan:
                                 tuple(replicas)))
         if not stages:
             raise PlanError(source, "stages", "a plan needs at least one stage")
+        offload = r.str("offload", "none")
+        if offload not in OFFLOAD_MODES:
+            raise PlanError(source, "offload", (
+                "activation offload is not modelled" if offload == "activations" else
+                f"unknown offload {offload!r}") + " (hetpar models: "
+                + ", ".join(OFFLOAD_MODES) + ")")
         return cls(
             stages=tuple(stages),
             micro_batches=r.int("micro_batches", minimum=1, maximum=limits.MAX_GLOBAL_BATCH),
@@ -149,6 +161,7 @@ class Plan:
             virtual_stages=r.int("virtual_stages", 1, minimum=1, maximum=limits.MAX_LAYERS),
             context_parallel=r.int("context_parallel", 1, minimum=1,
                                    maximum=limits.MAX_GPUS_PER_HOST),
+            offload=offload,
             version=version,
         )
 
@@ -178,7 +191,8 @@ class Plan:
         if self.format_version > 1:
             out.update(sequence_parallel=self.sequence_parallel,
                        virtual_stages=self.virtual_stages,
-                       context_parallel=self.context_parallel)
+                       context_parallel=self.context_parallel,
+                       offload=self.offload)
         out["stages"] = [{"layers": s.layers, "tp": s.tp,
                           "replicas": [{"host": r.host, "gpus": list(r.gpus)}
                                        for r in s.replicas]}
@@ -202,6 +216,8 @@ class Plan:
             words.append(f"{self.virtual_stages} virtual stages (interleaved 1F1B)")
         if self.context_parallel > 1:
             words.append(f"context parallel {self.context_parallel}")
+        if self.offload != "none":
+            words.append(f"{self.offload} offloaded to the host")
         return words
 
     def describe(self) -> str:
@@ -211,7 +227,8 @@ class Plan:
             parts.append(f"S{i}[{s.layers}L tp{s.tp} dp{s.dp} on {','.join(hosts)}]")
         extra = (" sp" if self.sequence_parallel else "") + (
             f" v{self.virtual_stages}" if self.virtual_stages > 1 else "") + (
-            f" cp{self.context_parallel}" if self.context_parallel > 1 else "")
+            f" cp{self.context_parallel}" if self.context_parallel > 1 else "") + (
+            f" offload-{self.offload}" if self.offload != "none" else "")
         return (f"M={self.micro_batches} {self.recompute} zero{self.zero}{extra}: "
                 + " | ".join(parts))
 
@@ -231,6 +248,9 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, training: Trai
     if plan.zero < 2 and plan.zero not in training.zero_stages:
         raise PlanError(source, "zero", f"ZeRO stage {plan.zero} is not allowed by the training "
                                         f"spec ({', '.join(map(str, training.zero_stages))})")
+    if plan.offload != "none" and plan.zero < 1:
+        raise PlanError(source, "offload", "optimizer offload moves the distributed "
+                                           "optimizer's states to the host: it needs zero >= 1")
     if plan.sequence_parallel and all(s.tp == 1 for s in plan.stages):
         raise PlanError(source, "sequence_parallel", "sequence parallelism splits activations "
                                                      "over a tensor-parallel group: no stage "

@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     opts.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                       help="ZeRO stage: 1 shards optimizer states (Megatron-LM's distributed "
                            "optimizer), 2 gradients too, 3 weights too (FSDP)")
+    opts.add_argument("--offload", choices=("none", "optimizer"), default=None,
+                      help="optimizer: optimizer states and step on the host CPU "
+                           "(ZeRO-Offload, Megatron-LM's --optimizer-cpu-offload; needs "
+                           "ZeRO >= 1)")
     est.set_defaults(func=_cmd_estimate)
 
     sol = sub.add_parser(
@@ -316,7 +320,8 @@ def _cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     changes = {k: v for k, v in (("sequence_parallel", args.sequence_parallel),
                                  ("virtual_stages", args.virtual_stages),
                                  ("context_parallel", args.context_parallel),
-                                 ("zero", args.zero)) if v is not None}
+                                 ("zero", args.zero), ("offload", args.offload))
+               if v is not None}
     for key, flag in (("virtual_stages", "--virtual-stages"),
                       ("context_parallel", "--context-parallel")):
         if changes.get(key, 1) < 1:

@@ -85,7 +85,9 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
     labels = {"pipeline_fill": "pipeline fill (first micro-batch, all stages)",
               "pipeline_steady": "pipeline steady state ((M-1) x slowest cycle)",
               "dp_allreduce": "data-parallel gradient all-reduce",
-              "optimizer": "optimizer step", "fixed_overhead": "fixed per-iteration overhead"}
+              "optimizer": ("optimizer step (host CPU and PCIe copies)"
+                            if plan.offload != "none" else "optimizer step"),
+              "fixed_overhead": "fixed per-iteration overhead"}
     for key, value in est.breakdown.items():
         b.add_row(labels.get(key, key), f"{value:.4f}", f"{value / mean:.1%}")
     b.add_row("[bold]total[/]", f"[bold]{mean:.4f}[/]", "100.0%")

@@ -11,6 +11,7 @@ adds the forward it repeats.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -19,6 +20,7 @@ from hetpar.costmodel.comm import ring_allreduce_time
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants
 from hetpar.costmodel.memory import (attention_score_bytes, gpu_usable_bytes,
                                      layer_activation_bytes)
+from hetpar.costmodel.offload import HOST_OPTIMIZER_GBPS
 from hetpar.workload.model import ModelSpec
 
 __all__ = ["GpuPerf", "StageWork", "gpu_perf", "stage_work"]
@@ -35,6 +37,10 @@ class GpuPerf:
     intra_step_s: float  # latency of one collective step inside the host
     usable_bytes: float  # memory a plan may fill
     peak_flops: float
+    # Optimizer offload (costmodel/offload.py): bytes/s per direction of the GPU's PCIe
+    # link to its host, and of host memory for its share of the CPU optimizer step.
+    host_bw: float = math.inf
+    cpu_optimizer_bw: float = math.inf
 
 
 def gpu_perf(host: Host, precision: str, c: CostConstants, fw: FrameworkConstants) -> GpuPerf:
@@ -48,6 +54,8 @@ def gpu_perf(host: Host, precision: str, c: CostConstants, fw: FrameworkConstant
         intra_step_s=host.intra_latency_s + fw.step_latency_s,
         usable_bytes=gpu_usable_bytes(host.gpu, fw),
         peak_flops=peak,
+        host_bw=host.gpu.pcie_GBps * 1e9,
+        cpu_optimizer_bw=HOST_OPTIMIZER_GBPS * 1e9 / max(1, host.num_gpus),
     )
 
 

@@ -23,6 +23,7 @@ from hetpar.costmodel.comm import (colocated_split, colocated_transfers, ring_al
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
 from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import in_flight, stage_bytes
+from hetpar.costmodel.offload import optimizer_seconds_per_param
 from hetpar.costmodel.objective import Objective, cvar
 from hetpar.costmodel.frame import CoreTerms, PlanFrame, SplitTables, StageFrame
 from hetpar.costmodel.schedule import interleaved_transfers, one_f_one_b, pipeline_total
@@ -187,6 +188,16 @@ class Estimate:
                         "headroom_gib": m.headroom_bytes / GIB} for m in self.memory],
             "plan": self.plan.to_dict(),
         }
+
+
+def _optimizer_s(params: Any, sf: StageFrame, zero: int, offload: bool,
+                 c: CostConstants) -> Any:
+    """The optimizer step's seconds on one GPU of a stage holding ``params`` parameters
+    per GPU (an int or an array): over its HBM, or on its host when offloaded."""
+    owned = params / (sf.dp if zero else 1)
+    if offload:
+        return owned * sf.opt_per_param
+    return owned * c.optimizer_bytes_per_param / sf.hbm
 
 
 class CostModel:
@@ -414,47 +425,52 @@ class CostModel:
 
     def stage_memory(self, layers: int, tp: int, dp: int, seqs: float, inflight: float,
                      first: bool, last: bool, recompute: str, zero: int,
-                     sp: bool | None = None, gathered: bool = True) -> tuple[float, float]:
+                     sp: bool | None = None, gathered: bool = True,
+                     offload: bool = False) -> tuple[float, float]:
         """(parameters per GPU, peak bytes per GPU) of a stage; the same on every replica.
 
         ``inflight`` is how many micro-batches' activations it holds at once under 1F1B;
         ``sp`` None: as the training spec's searched plans; ``gathered=False``: without
-        ZeRO-3's gathered layers, a lower bound affine in the layer count (bounds)."""
+        ZeRO-3's gathered layers, a lower bound affine in the layer count (bounds);
+        ``offload``: the optimizer states in host memory (``plan.offload``)."""
         if sp is None:
             sp = self.sequence_parallel
-        key = (layers, tp, dp, seqs, first, last, inflight, recompute, int(zero), sp, gathered)
+        key = (layers, tp, dp, seqs, first, last, inflight, recompute, int(zero), sp, gathered,
+               offload)
         hit = self._memory_cache.get(key)
         if hit is not None:
             return hit
         params, used = self._stage_bytes(layers, tp, dp, seqs, inflight, first, last,
-                                         recompute, zero, sp, gathered)
+                                         recompute, zero, sp, gathered, offload)
         out = self._memory_cache[key] = (params, used)
         return out
 
     def _stage_bytes(self, layers: Any, tp: int, dp: int, seqs: float, inflight: float,
                      first: bool, last: bool, recompute: str, zero: int,
-                     sp: bool | None = None, gathered: bool = True) -> tuple[Any, Any]:
+                     sp: bool | None = None, gathered: bool = True,
+                     offload: bool = False) -> tuple[Any, Any]:
         """``stage_memory`` unmemoised; ``layers`` may be an int or an array of counts
         (elementwise the same arithmetic, so the same values)."""
         return stage_bytes(self.model, self.seq_len, layers, tp, dp, seqs, inflight, first,
                            last, recompute, int(zero), flash=self.training.flash_attention,
                            constants=self.constants, framework=self.framework,
                            sp=self.sequence_parallel if sp is None else sp,
-                           gathered=gathered)
+                           gathered=gathered, offload=offload)
 
     def frame(self, plan: Plan, source: str = "<plan>") -> PlanFrame:
         """The layer-independent terms of ``plan``'s pipeline structure (memoised): every
         plan that differs from it only in its layer split shares them."""
         index = self.cluster.host_index
         host_ids = tuple(tuple(index[r.host] for r in st.replicas) for st in plan.stages)
+        offload = plan.offload != "none"
         key = (host_ids, tuple(st.tp for st in plan.stages), plan.micro_batches,
                plan.recompute, plan.zero, plan.sequence_parallel, plan.virtual_stages,
-               plan.context_parallel)
+               plan.context_parallel, offload)
         hit = self._frames.get(key)
         if hit is None:
             hit = self._build_frame(host_ids, key[1], plan.micro_batches, plan.recompute,
                                     plan.zero, source, plan.sequence_parallel,
-                                    plan.virtual_stages, plan.context_parallel)
+                                    plan.virtual_stages, plan.context_parallel, offload)
             if len(self._frames) >= _FRAME_CACHE:
                 del self._frames[next(iter(self._frames))]  # the oldest
             self._frames[key] = hit
@@ -462,7 +478,7 @@ class CostModel:
 
     def _build_frame(self, host_ids: tuple[tuple[int, ...], ...], tps: tuple[int, ...], m: int,
                      recompute: str, zero: int, source: str, sp: bool = False,
-                     virtual: int = 1, cp: int = 1) -> PlanFrame:
+                     virtual: int = 1, cp: int = 1, offload: bool = False) -> PlanFrame:
         c = self.constants
         fw = self.framework
         model = self.model
@@ -491,10 +507,14 @@ class CostModel:
             # Identical hosts share one GpuPerf object: cost each kind of replica once.
             kinds = tuple({id(perf): perf for perf in perfs}.values())
             usable = hbm = intra_bw = math.inf
-            intra_step = 0.0
+            intra_step = opt_per_param = 0.0
             for k in kinds:
                 usable, hbm = min(usable, k.usable_bytes), min(hbm, k.hbm)
                 intra_bw, intra_step = min(intra_bw, k.intra_bw), max(intra_step, k.intra_step_s)
+                if offload and k is not None:  # (None ruled out above)
+                    opt_per_param = max(opt_per_param, optimizer_seconds_per_param(
+                        True, c.optimizer_bytes_per_param, c.grad_bytes, c.weight_bytes,
+                        k.hbm, k.host_bw, k.cpu_optimizer_bw))
             dp = len(ids)
             order: dict[int, int] = {}
             for h in ids:
@@ -504,7 +524,8 @@ class CostModel:
                             perfs=perfs,  # type: ignore[arg-type]  (None ruled out above)
                             kinds=kinds,  # type: ignore[arg-type]
                             usable_bytes=usable, hbm=hbm, intra_bw=intra_bw,
-                            intra_step=intra_step, host_members=max(order.values()))
+                            intra_step=intra_step, host_members=max(order.values()),
+                            opt_per_param=opt_per_param)
             stages.append(sf)
             hosts = list(order)
             n = len(hosts)
@@ -575,7 +596,7 @@ class CostModel:
         return PlanFrame(
             stages=tuple(stages), micro_batches=m, recompute=recompute, zero=zero,
             sequence_parallel=sp, virtual_stages=virtual, wrap=wrap, context_parallel=cp,
-            dp_volume=dp_volume,
+            dp_volume=dp_volume, offload=offload,
             boundary=boundary, cycle_transfers=transfers, boundary_total=crossing,
             dp_inv_bw=inv_bw, dp_per_param=per_param, dp_fixed=fixed, dp_latency=dp_lat)
 
@@ -619,7 +640,8 @@ class CostModel:
         feasible = True
         for i, (sf, n) in enumerate(zip(frame.stages, layers)):
             params, used = self.stage_memory(n, sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
-                                             sf.last, recompute, zero, sp)
+                                             sf.last, recompute, zero, sp,
+                                             offload=frame.offload)
             slowest: StageWork | None = None
             for perf in sf.kinds:
                 work = self.stage_work(perf, sf.seqs, sf.tp, n, sf.first, sf.last, recompute,
@@ -631,8 +653,7 @@ class CostModel:
             works.append(slowest)
             params_l.append(params)
             used_l.append(used)
-            opt_s = max(opt_s, params / (sf.dp if zero else 1) * c.optimizer_bytes_per_param
-                        / sf.hbm)
+            opt_s = max(opt_s, _optimizer_s(params, sf, zero, frame.offload, c))
             if sf.host_members > 1:
                 # Replicas sharing a host reduce over its scale-up link first.
                 dp_intra[i] = ring_allreduce_time(params * c.grad_bytes, sf.host_members,
@@ -653,25 +674,26 @@ class CostModel:
         """``frame``'s per-stage terms for every layer count of each stage (the
         layer-dependent half of ``core_split``, tabulated for a batch of splits)."""
         rows = [self._stage_row(sf, frame.recompute, frame.zero, frame.sequence_parallel,
-                                frame.virtual_stages, frame.dp_volume, frame.context_parallel)
+                                frame.virtual_stages, frame.dp_volume, frame.context_parallel,
+                                frame.offload)
                 for sf in frame.stages]
         return SplitTables(*(np.stack(col) for col in zip(*rows)))
 
     def _stage_row(self, sf: StageFrame, recompute: str, zero: int, sp: bool = False,
                    chunks: int = 1, dp_volume: float = 1.0, cp: int = 1,
-                   ) -> tuple[np.ndarray, ...]:
+                   offload: bool = False) -> tuple[np.ndarray, ...]:
         """One stage's (work, params, fits, opt, intra) for 0..L layers (memoised: stages
         of the same kinds, shape and position recur across structures)."""
         key = (tuple(id(k) for k in sf.kinds), sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
                sf.last, recompute, int(zero), sp, chunks, dp_volume, cp, sf.usable_bytes, sf.hbm,
-               sf.host_members, sf.intra_bw, sf.intra_step)
+               sf.host_members, sf.intra_bw, sf.intra_step, offload, sf.opt_per_param)
         hit = self._row_cache.get(key)
         if hit is not None:
             return hit
         c = self.constants
         n = np.arange(self.model.layers + 1)
         par, used = self._stage_bytes(n, sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
-                                      sf.last, recompute, zero, sp)
+                                      sf.last, recompute, zero, sp, offload=offload)
         # The slowest kind, as core_split picks it (stage_work is elementwise arithmetic).
         work = np.max([stage_work(self.model, self.seq_len, sf.seqs, sf.tp, n, sf.first,
                                   sf.last, recompute, self.training.flash_attention, perf,
@@ -680,7 +702,7 @@ class CostModel:
         work[0] = np.inf  # a stage holds at least one layer
         params = np.asarray(par, dtype=float)
         fits = np.asarray(used <= sf.usable_bytes)
-        opt = params / (sf.dp if zero else 1) * c.optimizer_bytes_per_param / sf.hbm
+        opt = _optimizer_s(params, sf, zero, offload, c)
         intra = np.zeros(len(n))
         if sf.host_members > 1:
             intra = ring_allreduce_time(params * c.grad_bytes, sf.host_members, sf.intra_bw,

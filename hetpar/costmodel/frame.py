@@ -40,6 +40,9 @@ class StageFrame:
     intra_bw: float  # the slowest scale-up link (all-reduce within a host)
     intra_step: float
     host_members: int  # the most replicas on one host (they reduce over scale-up first)
+    # Seconds of the optimizer step per parameter a GPU owns, its slowest kind's (over
+    # HBM, or on the host with optimizer offload: costmodel/offload.py).
+    opt_per_param: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +66,7 @@ class PlanFrame:
     wrap: np.ndarray | None = None  # (K,) last stage back to the first, when interleaved
     dp_volume: float = 1.0  # data-parallel bytes relative to one all-reduce (ZeRO-2/3)
     context_parallel: int = 1  # GPUs (TP blocks) a sequence is split over
+    offload: bool = False  # optimizer states and step on the host (plan.offload)
 
     @property
     def num_stages(self) -> int:

@@ -92,7 +92,8 @@ def logits_bytes(model: ModelSpec, seqs: float, seq_len: int, tp: int,
 def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, seqs: float,
                 inflight: float, first: bool, last: bool, recompute: str, zero: int, *,
                 flash: bool, constants: CostConstants, framework: FrameworkConstants,
-                sp: bool = False, gathered: bool = True) -> tuple[Any, Any]:
+                sp: bool = False, gathered: bool = True, offload: bool = False,
+                ) -> tuple[Any, Any]:
     """(parameters per GPU, peak bytes per GPU) of a stage of ``layers`` layers on ``tp``
     GPUs per replica and ``dp`` replicas, with micro-batches of ``seqs`` sequences of which
     it holds ``inflight`` at once under 1F1B: model states (sharded over the replicas:
@@ -104,15 +105,18 @@ def stage_bytes(model: ModelSpec, seq_len: int, layers: Any, tp: int, dp: int, s
     stage's logits. ``layers`` may be an int or an array of counts (elementwise the same
     arithmetic, so the same values). ``gathered=False`` leaves out ZeRO-3's gathered layers:
     a lower bound affine in ``layers`` from one layer on, what the searchers' memory bounds
-    need (the gathered part stops growing at two layers)."""
+    need (the gathered part stops growing at two layers). ``offload``: the optimizer
+    states live in host memory (optimizer offload), so none of their bytes are on the GPU;
+    weights and gradients stay as without it."""
     c, fw = constants, framework
     params = stage_params_per_gpu(model, layers, tp, first, last)
+    optimizer = 0.0 if offload else fw.optimizer_bytes
     if zero < 2:
-        states = params * (c.weight_bytes + c.grad_bytes) + params * fw.optimizer_bytes / (
+        states = params * (c.weight_bytes + c.grad_bytes) + params * optimizer / (
             dp if zero else 1)
     else:
         weights = params * c.weight_bytes / (dp if zero >= 3 else 1)
-        states = weights + params * (c.grad_bytes + fw.optimizer_bytes) / dp
+        states = weights + params * (c.grad_bytes + optimizer) / dp
         if zero >= 3 and gathered:
             # Of a gathered layer a GPU already holds its own 1/dp shard.
             layer = model.params_per_layer / tp * (1.0 - 1.0 / dp)

@@ -126,6 +126,10 @@ def _megatron_args(ctx: _Context) -> list[str]:
                  "--recompute-num-layers", "1"]
     if plan.zero >= 1:
         args.append("--use-distributed-optimizer")
+    if plan.offload == "optimizer":
+        # Megatron Core's CPU offload of the distributed optimizer, all of it.
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0",
+                 "--use-precision-aware-optimizer"]
     if plan.sequence_parallel:
         args.append("--sequence-parallel")
     if plan.virtual_stages > 1:
@@ -260,7 +264,7 @@ def _renumbered(ctx: _Context) -> Plan:
     return plan_from_layout(ctx.launch, [s.layers for s in ctx.plan.stages],
                             ctx.plan.micro_batches, ctx.plan.recompute, ctx.plan.zero,
                             ctx.plan.sequence_parallel, ctx.plan.virtual_stages,
-                            ctx.plan.context_parallel)
+                            ctx.plan.context_parallel, ctx.plan.offload)
 
 
 def _ds_include(launch: Launch) -> str:
@@ -269,10 +273,13 @@ def _ds_include(launch: Launch) -> str:
 
 def _ds_config(ctx: _Context) -> dict[str, Any]:
     prec = "bf16" if ctx.training.precision == "bf16" else "fp16"
+    zero: dict[str, Any] = {"stage": ctx.plan.zero}
+    if ctx.plan.offload == "optimizer":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {"train_batch_size": ctx.training.global_batch,
             "train_micro_batch_size_per_gpu": ctx.micro_batch_size,
             "gradient_accumulation_steps": ctx.plan.micro_batches,
-            "zero_optimization": {"stage": ctx.plan.zero},
+            "zero_optimization": zero,
             prec: {"enabled": True}}
 
 
@@ -327,8 +334,10 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
             raise PlanError(str(folder), "pipeline.json", "layer counts are not DeepSpeed's "
                                                           "uniform partition")
         rc = pipe["activation_checkpoint"]
+        offload = "optimizer" if cfg["zero_optimization"].get(
+            "offload_optimizer", {}).get("device") == "cpu" else "none"
         return plan_from_layout(launch, layers, cfg["gradient_accumulation_steps"], rc,
-                                cfg["zero_optimization"]["stage"])
+                                cfg["zero_optimization"]["stage"], offload=offload)
     nodes = sorted(_parse_launch((folder / "launch.sh").read_text()), key=lambda n: n[2])
     hosts = [HostLaunch(h, g) for h, g, _, _ in nodes]
     if fmt == "torchrun":
@@ -339,7 +348,7 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
         return plan_from_layout(Launch(tuple(hosts), ranks["tp"], blocks, ranks["pp"]),
                                 [s.layers for s in plan.stages], plan.micro_batches,
                                 plan.recompute, plan.zero, plan.sequence_parallel,
-                                plan.virtual_stages, plan.context_parallel)
+                                plan.virtual_stages, plan.context_parallel, plan.offload)
     args = (folder / "megatron.args").read_text().split()
     tp = _arg(args, "--tensor-model-parallel-size", 1)
     pp = _arg(args, "--pipeline-model-parallel-size", 1)
@@ -363,7 +372,8 @@ def read_export(folder: str | Path, fmt: str) -> Plan:
     assert cp is not None
     return plan_from_layout(Launch(tuple(hosts), tp, dp, pp), split,
                             gbs // (mbs * (dp // cp)), recompute, zero,
-                            "--sequence-parallel" in args, virtual, cp)
+                            "--sequence-parallel" in args, virtual, cp,
+                            "optimizer" if "--optimizer-cpu-offload" in args else "none")
 
 
 def _megatron_split(layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
@@ -392,9 +402,10 @@ Plan: {what}.
   (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, and
   `--decoder-first/last-pipeline-num-layers` where the first or last stage holds its own
   count), micro and global batch, model shape, precision, recompute,
-  `--use-distributed-optimizer` (ZeRO-1), `--sequence-parallel` and
-  `--num-layers-per-virtual-pipeline-stage` (the interleaved schedule) where the plan
-  uses them. Add your data, tokenizer, optimizer and checkpoint arguments after them.
+  `--use-distributed-optimizer` (ZeRO-1), `--optimizer-cpu-offload` with
+  `--optimizer-offload-fraction 1.0` and `--use-precision-aware-optimizer` (the optimizer
+  on the host CPU), `--sequence-parallel` and `--num-layers-per-virtual-pipeline-stage`
+  (the interleaved schedule) where the plan uses them. Add your data, tokenizer, optimizer and checkpoint arguments after them.
 * `hostfile`: the hosts in node-rank order and the processes each runs.
 * `launch.sh`: one `torchrun` line per host. torchrun numbers global ranks node by node
   (each node's ranks follow the local world sizes of the nodes before it), and
@@ -414,7 +425,8 @@ def _readme_deepspeed(what: str) -> str:
 Plan: {what}.
 
 * `ds_config.json`: batch (`train_batch_size`, `train_micro_batch_size_per_gpu`,
-  `gradient_accumulation_steps` = the plan's micro-batch count), ZeRO stage, precision.
+  `gradient_accumulation_steps` = the plan's micro-batch count), ZeRO stage (with
+  `offload_optimizer` on the CPU where the plan offloads the optimizer), precision.
 * `pipeline.json`: what your `PipelineModule` must be built with: `num_stages`,
   `partition_method='uniform'` over the transformer layers (the first `L mod p` stages hold
   one layer more), and the model-parallel (TP) degree for a

@@ -118,7 +118,8 @@ def megatron_groups(tp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
 
 def plan_from_layout(launch: Launch, layers: Sequence[int], micro_batches: int,
                      recompute: str, zero: int, sequence_parallel: bool = False,
-                     virtual_stages: int = 1, context_parallel: int = 1) -> Plan:
+                     virtual_stages: int = 1, context_parallel: int = 1,
+                     offload: str = "none") -> Plan:
     """The plan the framework runs from this launch: stage ``s`` is pipeline rank ``s``
     of every pipeline group, its replicas the TP groups there, in data-parallel rank
     order."""
@@ -139,7 +140,7 @@ def plan_from_layout(launch: Launch, layers: Sequence[int], micro_batches: int,
             Replica(hosts.pop(), tuple(devices[r][1] for r in group)))
     stages = tuple(Stage(n, launch.tp, tuple(reps)) for n, reps in zip(layers, replicas))
     return Plan(stages, micro_batches, recompute, zero, sequence_parallel, virtual_stages,
-                context_parallel)
+                context_parallel, offload)
 
 
 def check_layout(plan: Plan, launch: Launch) -> list[str]:

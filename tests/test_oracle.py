@@ -198,6 +198,23 @@ def test_without_failures_the_blind_oracle_is_the_hindsight_oracle():
     assert row["regret_blind_mean"] == row["regret_mean"]
 
 
+def test_a_failure_after_the_job_ends_changes_nothing():
+    """A host lost long after every schedule has finished: the failure-blind oracle's
+    first plan already finishes, so it is the hindsight oracle's schedule."""
+    sc0 = parse_scenario(scenario_doc(processes=[]))
+    p = Planners(load_model(sc0.model), load_training(sc0.training), node_limit=NODES)
+    state = build_timeline(sc0, np.random.default_rng(0)).states[0]
+    host = sorted(plan_hosts(p.exact(state).plan))[-1]
+    doc = scenario_doc(iterations=300, horizon_s=7200, events=[
+        {"kind": "host_down", "host": host, "at_s": 7000, "until_s": 7100}])
+    run = _run(doc, ("static",), seeds=(0,))
+    (oracle,), (blind,) = run.oracles, run.blind_oracles
+    assert failure_times(parse_scenario(doc)) == (7000.0,)
+    assert oracle.wall_s < 7000.0 and blind is not oracle
+    assert blind.wall_s == oracle.wall_s and blind.schedule == oracle.schedule
+    assert blind.failures == 0
+
+
 def test_failure_blind_by_hand_on_the_host_loss_scenario():
     """Two failures: the blind oracle re-plans at each, is never faster than the
     hindsight oracle, and from the timelines known at each failure it reproduces what

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from hetpar import limits
 from hetpar.configio import Reader, load_document, parse_text
 from hetpar.errors import ConfigError, PlanError
-from hetpar.workload.training import RECOMPUTE_MODES
+from hetpar.workload.training import OFFLOAD_MODES, RECOMPUTE_MODES
 
 if TYPE_CHECKING:
     from hetpar.cluster.topology import Cluster
@@ -48,7 +48,6 @@ __all__ = ["Plan", "Stage", "Replica", "validate_plan", "PLAN_VERSION", "OFFLOAD
 
 PLAN_VERSION = 2
 _V2_FIELDS = ("sequence_parallel", "virtual_stages", "context_parallel", "offload")
-OFFLOAD_MODES = ("none", "optimizer")
 
 
 @dataclass(frozen=True)

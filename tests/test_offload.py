@@ -175,3 +175,108 @@ def test_estimate_what_if_offload(tmp_path, capsys):
     assert code == 0 and "optimizer step (host CPU and PCIe copies)" in out
     code, _, err = run(capsys, *common, "--offload", "optimizer", "--zero", "0")
     assert_one_line_error(code, err, "needs zero >= 1")
+
+
+# ---- the searchers, where the training spec allows offload --------------------------------
+
+def _wide_layer(offload):
+    """``_one_wide_layer``'s instance (one 7-billion-parameter layer, eight 1-GPU A100-40GB
+    hosts) with ZeRO 0 and 1 only: ZeRO-1 over 8 replicas needs 5.5 bytes per parameter
+    and does not fit; with the optimizer on the host it needs 4."""
+    from hetpar.problem.problem import Problem
+    cluster = parse_cluster({"hosts": [{"name": "a", "count": 8, "gpu": "A100-SXM4-40GB",
+                                        "gpus": 1, "nic_gbps": 200}],
+                             "topology": {"kind": "single_switch"}})
+    model = parse_model({"layers": 1, "hidden": 24576, "heads": 64, "vocab": 32000,
+                         "seq_len": 512})
+    training = parse_training({"global_batch": 8, "recompute": ["full"], "zero": [0, 1],
+                               **({"offload": ["none", "optimizer"]} if offload else {})})
+    return Problem.of(cluster, model, training, samples=0)
+
+
+def test_the_training_spec_names_the_offload_plans_may_use():
+    assert parse_training({"global_batch": 8}).offload_modes == ("none",)
+    assert parse_training({"global_batch": 8, "offload": "optimizer"}).offload_modes == (
+        "none", "optimizer")
+    from hetpar.errors import ConfigError
+    with pytest.raises(ConfigError, match="activation offload is not modelled"):
+        parse_training({"global_batch": 8, "offload": ["activations"]})
+
+
+def test_exact_and_metis_offload_only_where_nothing_fits_without():
+    """Without offload in the spec the model fits nowhere; with it, the exact search
+    proves an offloaded plan optimal and Metis finds one no better; where a plan fits
+    without offload, neither offloads (offload is never faster)."""
+    from hetpar.errors import InfeasibleError
+    from hetpar.solvers import solve
+    for method in ("exact", "metis"):
+        with pytest.raises(InfeasibleError):
+            solve(_wide_layer(False), method=method).plan  # noqa: B018
+    exact = solve(_wide_layer(True), method="exact")
+    assert exact.found and exact.certificate.optimal and exact.estimate.feasible
+    assert exact.plan.offload == "optimizer" and exact.plan.zero == 1
+    metis = solve(_wide_layer(True), method="metis")
+    assert metis.found and metis.plan.offload == "optimizer"
+    assert metis.details["offload_ladder"] == [1]
+    assert exact.value <= metis.value
+    # A model that fits without offload: the searches keep the optimizer on the GPUs.
+    small = dataclasses.replace(_wide_layer(True), model=parse_model(
+        {"layers": 1, "hidden": 8192, "heads": 64, "vocab": 32000, "seq_len": 512}))
+    for method in ("exact", "metis"):
+        sol = solve(small, method=method)
+        assert sol.found and sol.plan.offload == "none", method
+
+
+def _tight_instance(seed: int):
+    """``tests.test_solvers.tiny_instance`` with 16 GB GPUs and layers wide enough that
+    the optimizer's states decide what fits, offload allowed."""
+    import numpy as np
+    rng = np.random.default_rng(500 + seed)
+    hosts = [{"name": f"h{i}", "gpu": str(rng.choice(["T4-16GB", "V100-SXM2-16GB"])),
+              "gpus": int(rng.choice([1, 2])), "nic_gbps": float(rng.choice([10, 100]))}
+             for i in range(int(rng.integers(2, 4)))]
+    cluster = parse_cluster({"hosts": hosts, "topology": {"kind": "single_switch"}})
+    model = parse_model({"name": "wide", "layers": int(rng.integers(2, 5)),
+                         "hidden": int(rng.choice([6144, 8192, 10240])), "heads": 32,
+                         "vocab": 32000, "seq_len": 512})
+    training = parse_training({"global_batch": int(rng.choice([2, 4])),
+                               "recompute": ["full"], "zero": [0, 1],
+                               "offload": ["none", "optimizer"]})
+    return cluster, model, training
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_exact_equals_enumeration_with_offload_in_the_space(seed):
+    """The exact search's bounds price memory with the optimizer on the host where the
+    space allows it: it finds what enumerating every plan (offloaded ones included)
+    finds, on instances where offload decides what fits."""
+    from hetpar.problem.problem import Problem
+    from hetpar.solvers import solve
+    cluster, model, training = _tight_instance(seed)
+    problem = Problem.of(cluster, model, training, samples=4, seed=seed)
+    brute = solve(problem, method="brute")
+    try:
+        exact = solve(problem, method="exact")
+    except Exception as exc:  # refused up front: then enumeration found nothing either
+        assert not brute.found, exc
+        return
+    assert exact.value == pytest.approx(brute.value, rel=1e-9, abs=0.0)
+    if brute.found:
+        assert exact.certificate.optimal
+
+
+def test_the_policy_says_it_does_not_offload(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(
+        "name: a8\nhosts:\n  - {name: a, count: 8, gpu: A100-SXM4-40GB, gpus: 1, "
+        "nic_gbps: 200}\ntopology: {kind: single_switch}\n")
+    (tmp_path / "m.yaml").write_text(
+        "name: wide\nlayers: 1\nhidden: 24576\nheads: 64\nvocab: 32000\nseq_len: 512\n")
+    (tmp_path / "t.yaml").write_text(
+        "name: host-optimizer\nglobal_batch: 8\nrecompute: [full]\nzero: [0, 1]\n"
+        "offload: [none, optimizer]\n")
+    files = ["--cluster", str(tmp_path / "c.yaml"), "--model", str(tmp_path / "m.yaml"),
+             "--training", str(tmp_path / "t.yaml")]
+    code, _, err = run(capsys, "plan", *files, "--no-improve")
+    assert_one_line_error(code, err, "the policy does not offload it")
+    code, out, _ = run(capsys, "solve", "--method", "metis", *files, "--json")
+    assert code == 0 and json.loads(out)["plan"]["offload"] == "optimizer"

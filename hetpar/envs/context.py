@@ -186,10 +186,15 @@ class InstanceContext:
         if not any(self.allowed_memory_option(rc, z)
                    for rc in RECOMPUTE_MODES for z in ZERO_STAGES):
             what = "" if self.runtime.unrestricted else f" that {self.runtime.name} can run"
+            # The environment's actions keep the optimizer on the GPUs: where the spec
+            # allows offload, plans may still exist that the searchers find.
+            offload = ("optimizer" in self.instance.training.offload_modes)
             raise InfeasibleError(
                 f"instance {self.instance.name}: no feasible plan: {self.cm.model.name} fits on "
                 f"no plan{what} of cluster {self.cluster.name} with training "
-                f"{self.instance.training.name}")
+                f"{self.instance.training.name}" + (
+                    " with the optimizer on the GPUs (the policy does not offload it; "
+                    "'hetpar solve --method exact' or 'metis' do)" if offload else ""))
 
 
 def log_scale(x: float, lo: float, hi: float) -> float:

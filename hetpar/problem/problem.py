@@ -169,7 +169,8 @@ class Problem:
                 stages = max(1, min(layers, total_gpus // tp))
                 per_stage = -(-layers // stages)
                 _, used = cm.stage_memory(per_stage, tp, max(1, total_gpus // tp), 1.0, 1,
-                                          False, False, rc, zero, gathered=False)
+                                          False, False, rc, zero, gathered=False,
+                                          offload=space.offloads)
                 smallest = min(smallest, used)
         usable = max((perf.usable_bytes for i in range(len(cm.cluster.hosts))
                       if (perf := cm.host_perf(i)) is not None), default=-math.inf)

@@ -215,6 +215,11 @@ class PlanSpace:
         return self.training.zero_stages
 
     @property
+    def offloads(self) -> bool:
+        """Whether plans may put the optimizer on the host (with ZeRO >= 1)."""
+        return "optimizer" in self.training.offload_modes and max(self.zero_stages) >= 1
+
+    @property
     def virtual_options(self) -> tuple[int, ...]:
         """Chunk counts per stage of the interleaved schedule plans may use (1 first)."""
         return self.training.virtual_stages
@@ -230,7 +235,8 @@ class PlanSpace:
 
     # ---- plans ---------------------------------------------------------------------------
     def to_plan(self, stages: Sequence[StageChoice], layers: Sequence[int], micro_batches: int,
-                recompute: str, zero: int, virtual_stages: int = 1) -> Plan:
+                recompute: str, zero: int, virtual_stages: int = 1,
+                offload: str = "none") -> Plan:
         """The plan of these choices, taking each host's GPUs in index order."""
         nxt = [0] * len(self.cluster.hosts)
         out = []
@@ -243,7 +249,8 @@ class PlanSpace:
                     nxt[h] += st.tp
             out.append(Stage(n, st.tp, tuple(reps)))
         sp = self.training.sequence_parallel and any(st.tp > 1 for st in stages)
-        return Plan(tuple(out), micro_batches, recompute, zero, sp, virtual_stages)
+        return Plan(tuple(out), micro_batches, recompute, zero, sp, virtual_stages,
+                    offload=offload)
 
     def decompose(self, plan: Plan, source: str = "<plan>",
                   ) -> tuple[tuple[StageChoice, ...], tuple[int, ...]]:

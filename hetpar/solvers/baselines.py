@@ -65,7 +65,9 @@ job at all, so every baseline leaves their hosts out, as a user would.
        that fits without moving layers ends the ladder (more recomputation only adds
        work to the same split). Where the spec allows ZeRO-2 or -3, they are the
        ladder's last rungs, tried (each with every recomputation mode) only for a
-       micro-batch count where nothing fits under ZeRO-1. A split that fits is also
+       micro-batch count where nothing fits under ZeRO-1; where the spec allows
+       optimizer offload (``offload: [optimizer]``), the same ZeRO stages from 1 up with
+       the optimizer on the host follow, under the same rule. A split that fits is also
        scored with each interleaved schedule the spec allows (``virtual_stages``, where
        every stage's layers divide evenly into the chunks), and sequence parallelism is
        on in every plan with a tensor-parallel stage where the spec allows it
@@ -367,7 +369,7 @@ def _build_layout(space: PlanSpace, used: Sequence[str], groups: Sequence[Sequen
 
 def _rebalance(search: _Search, space: PlanSpace, stages: Sequence[StageChoice],
                layers: Sequence[int], m: int, rc: str, zero: int,
-               first: tuple[list[float], list[float]]) -> float:
+               first: tuple[list[float], list[float]], offload: str = "none") -> float:
     """Move layers off overflowing stages until the plan fits; its value (inf if never).
 
     ``first``: the stages' peak and usable bytes under ``layers``, already measured (the
@@ -387,7 +389,8 @@ def _rebalance(search: _Search, space: PlanSpace, stages: Sequence[StageChoice],
         if seen:
             if search.exhausted:
                 return math.inf
-            value, used, usable = search.measure(space.to_plan(stages, layers, m, rc, zero))
+            value, used, usable = search.measure(space.to_plan(stages, layers, m, rc, zero,
+                                                               offload=offload))
             if math.isfinite(value):
                 return value
         seen.add(tuple(layers))
@@ -447,6 +450,12 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
     # micro-batch count only where nothing fits under ``zero`` (they shard gradients and
     # weights at the price of more traffic).
     zeros = [zero, *sorted(z for z in training.zero_stages if z > max(zero, 1))]
+    # Then, where the spec allows optimizer offload, the same ZeRO stages from 1 up with
+    # the optimizer on the host (it buys memory for host copies and a CPU step,
+    # costmodel/offload.py), under the same rule.
+    rungs = [(z, "none") for z in zeros]
+    if space.offloads:
+        rungs += [(z, "optimizer") for z in zeros if z >= 1]
     limit = min(max_stages, nlayers) if types else 0
     done: dict[tuple[StageChoice, ...], float] = {}
     counters = {"rebalanced_fits": 0}
@@ -461,19 +470,19 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
         out = math.inf
         for m in space.micro_batch_options([s.dp for s in stages]):
             got = math.inf  # under this micro-batch count
-            for z in zeros:
-                if z != zero and math.isfinite(got):
-                    break  # ZeRO-2/3 only where nothing fits under the lower stage
+            for z, off in rungs:
+                if (z, off) != (zero, "none") and math.isfinite(got):
+                    break  # a higher rung only where nothing fits under the lower ones
                 for rc in modes:
                     if search.exhausted:
                         break
                     before = search.best_plan
-                    value, used, usable = search.measure(space.to_plan(stages, layers, m, rc,
-                                                                       z))
+                    value, used, usable = search.measure(space.to_plan(
+                        stages, layers, m, rc, z, offload=off))
                     fitted = math.isfinite(value)
                     if not fitted:
                         value = _rebalance(search, space, stages, layers, m, rc, z,
-                                           (used, usable))
+                                           (used, usable), off)
                         counters["rebalanced_fits"] += math.isfinite(value)
                     else:
                         # The interleaved schedule of the same split, where the spec allows
@@ -481,7 +490,8 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
                         for v in space.virtual_allowed(layers, m):
                             if v > 1 and not search.exhausted:
                                 value = min(value, search.score(space.to_plan(
-                                    stages, layers, m, rc, z, virtual_stages=v)))
+                                    stages, layers, m, rc, z, virtual_stages=v,
+                                    offload=off)))
                     if search.best_plan is not before:
                         best.clear()
                         best.update(info, tp_per_stage=[s.tp for s in stages],
@@ -552,7 +562,9 @@ def metis(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int = 
     return search.solution("metis", start, {
         "layouts": len(done), "types_by_speed": types, "max_stages": limit,
         "stages_searched": depth, "rebalanced_fits": counters["rebalanced_fits"],
-        "zero": zero, "zero_ladder": zeros, "best_layout": dict(best),
+        "zero": zero, "zero_ladder": zeros,
+        "offload_ladder": [z for z, off in rungs if off != "none"],
+        "best_layout": dict(best),
         "budget_exhausted": search.exhausted})
 
 

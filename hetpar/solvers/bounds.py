@@ -193,10 +193,14 @@ class Bounds:
     inv_bw_padded: np.ndarray = field(init=False)
     _profiles: dict = field(default_factory=dict, init=False)
     _knap: dict = field(default_factory=dict, init=False)
+    # Plans may put the optimizer on the host (PlanSpace.offloads): memory is bounded with
+    # it there (less), time without it (an offloaded step is never faster).
+    offloads: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.inv_bw = self.reduce(self.cm.inv_bw)
         self.inv_bw_padded = np.append(self.inv_bw, 0.0)
+        self.offloads = self.space.offloads and self.zero >= 1
         self.batch = self.cm.training.global_batch
         self.layers = self.cm.model.layers
         self.fixed = self.cm.framework.iteration_overhead_s
@@ -269,7 +273,7 @@ class Bounds:
         for held, is_first, is_last in cases:
             per_layer, m0 = _affine(lambda n: cm.stage_memory(
                 n, stage.tp, stage.dp, seqs, held, is_first, is_last, rc, z,
-                gathered=False)[1])
+                gathered=False, offload=self.offloads)[1])
             if usable >= m0 + per_layer:
                 cap = max(cap, self.layers if per_layer <= 0 else
                           int(math.floor((usable - m0) / per_layer)))
@@ -325,7 +329,8 @@ class Bounds:
             a, b = _affine(lambda n: self.cm.stage_work(perf, seqs, tp, n, False, False, rc).total)
             # Fewest activations in flight, neither embedding nor logits: the lightest case.
             per_layer, m0 = _affine(lambda n: self.cm.stage_memory(
-                n, tp, dp, seqs, 1, False, False, rc, self.zero, gathered=False)[1])
+                n, tp, dp, seqs, 1, False, False, rc, self.zero, gathered=False,
+                offload=self.offloads)[1])
             cap = (self.layers if per_layer <= 0 else
                    max(0, int(math.floor((perf.usable_bytes - m0) / per_layer))))
             out = (a, b, cap) if out is None else (min(out[0], a), min(out[1], b),

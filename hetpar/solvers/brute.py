@@ -46,7 +46,9 @@ def count_plans(space: PlanSpace, cap: int) -> int | None:
     stage sequences; None as soon as the count (or the sequences walked) passes ``cap``,
     so refusing a large space up front costs at most ``cap`` steps."""
     layers = space.model.layers
-    n_opts = len(space.recompute_modes) * len(space.zero_stages) * len(space.virtual_options)
+    memory = len(space.zero_stages) + (sum(z >= 1 for z in space.zero_stages)
+                                       if space.offloads else 0)
+    n_opts = len(space.recompute_modes) * memory * len(space.virtual_options)
     total = walked = 0
     for stages in skeletons(space, layers):
         walked += 1
@@ -60,6 +62,9 @@ def count_plans(space: PlanSpace, cap: int) -> int | None:
 def brute(cm: CostModel, space: PlanSpace, objective: Objective) -> Solution:
     start = time.perf_counter()
     layers = cm.model.layers
+    # Every ZeRO stage, and each from 1 up with the optimizer on the host where allowed.
+    memory = [(z, "none") for z in space.zero_stages] + (
+        [(z, "optimizer") for z in space.zero_stages if z >= 1] if space.offloads else [])
     best_value, best = math.inf, None
     leaves = 0
     for stages in skeletons(space, layers):
@@ -67,9 +72,9 @@ def brute(cm: CostModel, space: PlanSpace, objective: Objective) -> Solution:
         for split in compositions(layers, len(stages)):
             for m in ms:
                 for rc in space.recompute_modes:
-                    for zero in space.zero_stages:
+                    for zero, off in memory:
                         for v in space.virtual_allowed(split, m):
-                            plan = space.to_plan(stages, split, m, rc, zero, v)
+                            plan = space.to_plan(stages, split, m, rc, zero, v, off)
                             value = objective.score(*cm.iteration_times(plan))
                             leaves += 1
                             if value < best_value:

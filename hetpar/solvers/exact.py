@@ -164,6 +164,13 @@ class Searcher:
         """The ZeRO stages a pipeline of this many stages tries (``zero_options``)."""
         return self.zeros if stages > 1 else self._zeros_single
 
+    def offload_zeros(self, stages: int) -> tuple[int, ...]:
+        """The ZeRO stages it also tries with the optimizer on the host, where the space
+        allows offload (``PlanSpace.offloads``; it needs ZeRO >= 1)."""
+        if not self.problem.space.offloads:
+            return ()
+        return tuple(z for z in self.zeros_for(stages) if z >= 1)
+
     def chunk_counts(self, stages: int, m: int) -> tuple[int, ...]:
         """The chunk counts above 1 a closed pipeline may interleave with: the space's
         (``PlanSpace.virtual_allowed`` less the split's divisibility), where the runtime
@@ -427,8 +434,9 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
         core = cm.core_split(frame, split)
         s.counters.leaves += 1
         value = objective.score(core.total, core.feasible)
-        best_opts = (s.zero, 1)
+        best_opts: tuple[int, int, str] = (s.zero, 1, "none")
         zeros = s.zeros_for(p)
+        offload_zeros = s.offload_zeros(p)
         chunks = [v for v in s.chunk_counts(p, m)
                   if all(n % v == 0 for n in split) and s.runtime.interleaves(split)]
         for v in (1, *chunks):
@@ -442,8 +450,23 @@ def best_split(s: Searcher, stages: tuple[StageChoice, ...], prof: list[StagePro
                 score = objective.score(other.total, other.feasible)
                 if score < at_z or zero < 0:
                     at_z, zero = score, z
+            off = "none"
+            # The optimizer on the host: never faster than the same ZeRO stage without it,
+            # nor than a lower one with it, so tried below the first ZeRO stage >= 1 that
+            # fits without it, up to the first that fits with it.
+            fits_at = zero if math.isfinite(at_z) and zero >= 1 else math.inf
+            for z in offload_zeros:
+                if z >= fits_at:
+                    break
+                other = cm.core_split(cm.frame(space.to_plan(stages, split, m, rc, z, v,
+                                                              "optimizer")), split)
+                score = objective.score(other.total, other.feasible)
+                if score < at_z or zero < 0:
+                    at_z, zero, off = score, z, "optimizer"
+                if math.isfinite(score):
+                    break
             if at_z < value:
-                value, best_opts, plan = at_z, (zero, v), None
+                value, best_opts, plan = at_z, (zero, v, off), None
         if value < s.best_value:
             s.offer(value, plan or space.to_plan(stages, split, m, rc, *best_opts))
         return value, core.boundary
@@ -679,8 +702,10 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
     s.counters.leaves += len(splits)
     zero = np.full(len(splits), s.zero)
     virtual = np.ones(len(splits), dtype=np.intp)
+    offload = np.zeros(len(splits), dtype=bool)
     p = len(stages)
     zeros = s.zeros_for(p)
+    offload_zeros = s.offload_zeros(p)
     for v in (1, *s.chunk_counts(p, m)):
         ok = (splits % v == 0).all(axis=1)
         if v > 1 and s.runtime.interleaving == "even":  # Runtime.interleaves, row by row
@@ -701,15 +726,35 @@ def _score_block(s: Searcher, stages: tuple[StageChoice, ...], frame: PlanFrame,
             better = (got < at[redo]) | (at_zero[redo] < 0)
             at[redo[better]] = got[better]
             at_zero[redo[better]] = z
+        # The optimizer on the host (``best_split``'s rule, row by row): below the first
+        # ZeRO stage >= 1 that fits without it, up to the first that fits with it.
+        at_off = np.zeros(len(rows), dtype=bool)
+        fits_at = np.where(np.isfinite(at) & (at_zero >= 1), at_zero, np.iinfo(np.intp).max)
+        done = np.zeros(len(rows), dtype=bool)
+        for z in offload_zeros:
+            redo = np.flatnonzero(~done & (z < fits_at))
+            if not len(redo):
+                break
+            picked = splits[rows[redo]]
+            other = cm.frame(space.to_plan(stages, tuple(int(n) for n in picked[0]), m, rc,
+                                           z, v, "optimizer"))
+            got = _score_rows(cm, objective, other, cm.split_tables(other), picked, cutoff)
+            better = (got < at[redo]) | (at_zero[redo] < 0)
+            at[redo[better]] = got[better]
+            at_zero[redo[better]] = z
+            at_off[redo[better]] = True
+            done[redo[np.isfinite(got)]] = True
         gain = at < values[rows]
         values[rows[gain]] = at[gain]
         zero[rows[gain]] = at_zero[gain]
         virtual[rows[gain]] = v
+        offload[rows[gain]] = at_off[gain]
     best = int(np.argmin(values))
     if values[best] < s.best_value:
         split = tuple(int(n) for n in splits[best])
         s.offer(float(values[best]), space.to_plan(stages, split, m, rc, int(zero[best]),
-                                                   int(virtual[best])))
+                                                   int(virtual[best]),
+                                                   "optimizer" if offload[best] else "none"))
 
 
 _SCORE_CHUNK = 2048  # splits per vectorised pass (bounds the (N, K, p) temporaries)

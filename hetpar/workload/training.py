@@ -9,9 +9,12 @@ from typing import Any
 from hetpar.configio import Reader, load_document, resolve_config
 from hetpar.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
-__all__ = ["TrainingSpec", "load_training", "parse_training", "RECOMPUTE_MODES"]
+__all__ = ["TrainingSpec", "load_training", "parse_training", "RECOMPUTE_MODES",
+           "OFFLOAD_MODES"]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# What a plan's ``offload`` may be: the optimizer states and step on the GPU or the host.
+OFFLOAD_MODES = ("none", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,10 @@ class TrainingSpec:
     searchers then turn on in every plan with a tensor-parallel stage (it is never slower
     and never needs more memory in the cost model); ``virtual_stages`` the chunk counts of
     the interleaved 1F1B schedule they may use (1, plain 1F1B, always);
-    ``flash_attention`` drops the s^2 attention activations and their memory traffic;
+    ``offload_modes`` the optimizer offload modes they may use (``none`` always; with
+    ``optimizer``, the exact search and Metis end their memory ladders with it:
+    ``plan.offload``); ``flash_attention`` drops the s^2 attention activations and their
+    memory traffic;
     ``framework`` selects the calibrated framework constants (configs/calibration.yaml).
     """
 
@@ -35,12 +41,15 @@ class TrainingSpec:
     flash_attention: bool = False
     sequence_parallel: bool = False
     virtual_stages: tuple[int, ...] = (1,)
+    offload_modes: tuple[str, ...] = ("none",)
     framework: str = "megatron-lm"
     name: str = "training"
 
     def __post_init__(self) -> None:
         # Plain 1F1B is always a plan's option; the searchers rely on 1 coming first.
         object.__setattr__(self, "virtual_stages", tuple(sorted({1, *self.virtual_stages})))
+        object.__setattr__(self, "offload_modes", tuple(
+            m for m in OFFLOAD_MODES if m == "none" or m in self.offload_modes))
 
     @property
     def bytes_per_value(self) -> int:
@@ -49,7 +58,7 @@ class TrainingSpec:
 
 _KEYS = frozenset({"name", "description", "global_batch", "seq_len", "precision", "recompute",
                    "zero", "flash_attention", "framework", "sequence_parallel",
-                   "virtual_stages"})
+                   "virtual_stages", "offload"})
 
 
 def _int_list(r: Reader, key: str, default: list[int], allowed: range, what: str,
@@ -78,6 +87,12 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
     virtual = _int_list(r, "virtual_stages", [1], range(1, 65),
                         "a list of chunk counts per stage (1 to 64) for the interleaved "
                         "schedule")
+    offload = r.raw("offload", ["none"])
+    offload = [offload] if isinstance(offload, str) else offload
+    if not isinstance(offload, list) or not offload or any(m not in OFFLOAD_MODES
+                                                           for m in offload):
+        raise r.error("offload", f"expected a list drawn from {', '.join(OFFLOAD_MODES)} "
+                                 f"(activation offload is not modelled), got {offload!r}")
     seq_len = r.int("seq_len", None, minimum=1, maximum=MAX_SEQ_LEN)
     return TrainingSpec(
         global_batch=r.int("global_batch", minimum=1, maximum=MAX_GLOBAL_BATCH,
@@ -89,6 +104,7 @@ def parse_training(data: Any, source: str = "<dict>") -> TrainingSpec:
         flash_attention=r.bool("flash_attention", False),
         sequence_parallel=r.bool("sequence_parallel", False),
         virtual_stages=tuple(virtual),
+        offload_modes=tuple(offload),
         framework=r.str("framework", "megatron-lm"),
         name=r.str("name", Path(source).stem if source != "<dict>" else "training"),
     )

@@ -203,26 +203,28 @@ def test_the_training_spec_names_the_offload_plans_may_use():
         parse_training({"global_batch": 8, "offload": ["activations"]})
 
 
-def test_exact_and_metis_offload_only_where_nothing_fits_without():
+def test_the_searchers_offload_only_where_nothing_fits_without():
     """Without offload in the spec the model fits nowhere; with it, the exact search
-    proves an offloaded plan optimal and Metis finds one no better; where a plan fits
-    without offload, neither offloads (offload is never faster)."""
+    proves an offloaded plan optimal and Metis and the Megatron-style baseline find ones
+    no better; where a plan fits without offload, none offloads (it is never faster)."""
     from hetpar.errors import InfeasibleError
     from hetpar.solvers import solve
-    for method in ("exact", "metis"):
+    for method in ("exact", "metis", "megatron"):
         with pytest.raises(InfeasibleError):
             solve(_wide_layer(False), method=method).plan  # noqa: B018
+    megatron = solve(_wide_layer(True), method="megatron")
+    assert megatron.found and megatron.plan.offload == "optimizer"
     exact = solve(_wide_layer(True), method="exact")
     assert exact.found and exact.certificate.optimal and exact.estimate.feasible
     assert exact.plan.offload == "optimizer" and exact.plan.zero == 1
     metis = solve(_wide_layer(True), method="metis")
     assert metis.found and metis.plan.offload == "optimizer"
     assert metis.details["offload_ladder"] == [1]
-    assert exact.value <= metis.value
+    assert exact.value <= metis.value and exact.value <= megatron.value
     # A model that fits without offload: the searches keep the optimizer on the GPUs.
     small = dataclasses.replace(_wide_layer(True), model=parse_model(
         {"layers": 1, "hidden": 8192, "heads": 64, "vocab": 32000, "seq_len": 512}))
-    for method in ("exact", "metis"):
+    for method in ("exact", "metis", "megatron"):
         sol = solve(small, method=method)
         assert sol.found and sol.plan.offload == "none", method
 

@@ -284,7 +284,13 @@ def megatron(cm: CostModel, space: PlanSpace, objective: Objective, *, seed: int
                         # Interleaving where the spec allows it and the runtime runs it.
                         for v in space.virtual_allowed(split, m):
                             if v == 1 or get_runtime(runtime).interleaves(tuple(split)):
-                                search.score(Plan(tuple(stages), m, rc, z, sp, v))
+                                value = search.score(Plan(tuple(stages), m, rc, z, sp, v))
+                                # The optimizer on the host where the spec allows it, only
+                                # where the plan does not fit without (never faster).
+                                if not math.isfinite(value) and space.offloads and z >= 1 \
+                                        and not search.exhausted:
+                                    search.score(Plan(tuple(stages), m, rc, z, sp, v,
+                                                      offload="optimizer"))
                         if search.best_plan is not before:
                             best = {"tp": tp, "pp": pp, "dp": dp, "idle_gpus": n - tp * pp * dp}
     return search.solution("megatron", start, {

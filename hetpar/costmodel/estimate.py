@@ -23,7 +23,7 @@ from hetpar.costmodel.comm import (colocated_split, colocated_transfers, ring_al
 from hetpar.costmodel.compute import GpuPerf, StageWork, gpu_perf, stage_work
 from hetpar.costmodel.constants import GIB, CostConstants, load_constants
 from hetpar.costmodel.memory import in_flight, stage_bytes
-from hetpar.costmodel.offload import optimizer_seconds_per_param
+from hetpar.costmodel.offload import host_step_seconds_per_param
 from hetpar.costmodel.objective import Objective, cvar
 from hetpar.costmodel.frame import CoreTerms, PlanFrame, SplitTables, StageFrame
 from hetpar.costmodel.schedule import interleaved_transfers, one_f_one_b, pipeline_total
@@ -196,7 +196,7 @@ def _optimizer_s(params: Any, sf: StageFrame, zero: int, offload: bool,
     per GPU (an int or an array): over its HBM, or on its host when offloaded."""
     owned = params / (sf.dp if zero else 1)
     if offload:
-        return owned * sf.opt_per_param
+        return owned * sf.host_step_per_param
     return owned * c.optimizer_bytes_per_param / sf.hbm
 
 
@@ -507,14 +507,14 @@ class CostModel:
             # Identical hosts share one GpuPerf object: cost each kind of replica once.
             kinds = tuple({id(perf): perf for perf in perfs}.values())
             usable = hbm = intra_bw = math.inf
-            intra_step = opt_per_param = 0.0
+            intra_step = host_step = 0.0
             for k in kinds:
                 usable, hbm = min(usable, k.usable_bytes), min(hbm, k.hbm)
                 intra_bw, intra_step = min(intra_bw, k.intra_bw), max(intra_step, k.intra_step_s)
                 if offload and k is not None:  # (None ruled out above)
-                    opt_per_param = max(opt_per_param, optimizer_seconds_per_param(
-                        True, c.optimizer_bytes_per_param, c.grad_bytes, c.weight_bytes,
-                        k.hbm, k.host_bw, k.cpu_optimizer_bw))
+                    host_step = max(host_step, host_step_seconds_per_param(
+                        c.grad_bytes, c.weight_bytes, c.optimizer_bytes_per_param,
+                        k.host_bw, k.cpu_optimizer_bw))
             dp = len(ids)
             order: dict[int, int] = {}
             for h in ids:
@@ -525,7 +525,7 @@ class CostModel:
                             kinds=kinds,  # type: ignore[arg-type]
                             usable_bytes=usable, hbm=hbm, intra_bw=intra_bw,
                             intra_step=intra_step, host_members=max(order.values()),
-                            opt_per_param=opt_per_param)
+                            host_step_per_param=host_step)
             stages.append(sf)
             hosts = list(order)
             n = len(hosts)
@@ -686,7 +686,7 @@ class CostModel:
         of the same kinds, shape and position recur across structures)."""
         key = (tuple(id(k) for k in sf.kinds), sf.tp, sf.dp, sf.seqs, sf.inflight, sf.first,
                sf.last, recompute, int(zero), sp, chunks, dp_volume, cp, sf.usable_bytes, sf.hbm,
-               sf.host_members, sf.intra_bw, sf.intra_step, offload, sf.opt_per_param)
+               sf.host_members, sf.intra_bw, sf.intra_step, offload, sf.host_step_per_param)
         hit = self._row_cache.get(key)
         if hit is not None:
             return hit

@@ -40,9 +40,9 @@ class StageFrame:
     intra_bw: float  # the slowest scale-up link (all-reduce within a host)
     intra_step: float
     host_members: int  # the most replicas on one host (they reduce over scale-up first)
-    # Seconds of the optimizer step per parameter a GPU owns, its slowest kind's (over
-    # HBM, or on the host with optimizer offload: costmodel/offload.py).
-    opt_per_param: float = 0.0
+    # Seconds of the offloaded optimizer step per parameter a GPU owns, its slowest
+    # kind's (costmodel/offload.py); 0 where the structure keeps the optimizer on the GPU.
+    host_step_per_param: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)

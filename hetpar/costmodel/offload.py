@@ -22,7 +22,7 @@ The offload therefore buys memory, never time (tested on every bundled GPU type)
 
 from __future__ import annotations
 
-__all__ = ["HOST_OPTIMIZER_GBPS", "optimizer_seconds_per_param"]
+__all__ = ["HOST_OPTIMIZER_GBPS", "host_step_seconds_per_param"]
 
 # Host memory bandwidth that one server's CPU optimizer step achieves, shared by its
 # GPUs. Assumed, not fitted: a two-socket server's DRAM streams 200-400 GB/s, of which a
@@ -32,12 +32,10 @@ __all__ = ["HOST_OPTIMIZER_GBPS", "optimizer_seconds_per_param"]
 HOST_OPTIMIZER_GBPS = 100.0
 
 
-def optimizer_seconds_per_param(offload: bool, optimizer_bytes: float, grad_bytes: float,
-                                weight_bytes: float, hbm: float, host_bw: float,
+def host_step_seconds_per_param(grad_bytes: float, weight_bytes: float,
+                                optimizer_bytes: float, host_bw: float,
                                 cpu_bw: float) -> float:
-    """Seconds of the optimizer step per parameter a GPU owns: over its HBM (``hbm``
-    bytes/s), or with ``offload`` on its host: the gradient down and the weight back over
-    PCIe (``host_bw``) and the step over host memory (``cpu_bw``)."""
-    if not offload:
-        return optimizer_bytes / hbm
+    """Seconds of the offloaded optimizer step per parameter a GPU owns: the gradient down
+    and the weight back over PCIe (``host_bw`` bytes/s) and the step over host memory
+    (``cpu_bw``)."""
     return (grad_bytes + weight_bytes) / host_bw + optimizer_bytes / cpu_bw

@@ -223,6 +223,7 @@ def oracle_row(run: ScenarioRun) -> dict[str, Any] | None:
     if not run.oracles:
         return None
     o = run.oracles
+    blind = run.blind_oracles if len(run.blind_oracles) == len(o) else None
     wall = np.array([x.wall_s for x in o])
     return {"scenario": run.scenario.name, "strategy": "hindsight", "seeds": len(o),
             "wall_s_mean": float(wall.mean()), "wall_s_std": float(wall.std()),
@@ -233,11 +234,11 @@ def oracle_row(run: ScenarioRun) -> dict[str, Any] | None:
             "states": [x.states for x in o], "certified": [x.certified for x in o],
             "front_cut": any(x.front_cut for x in o),
             # The oracle blind to failures until they happen: what no strategy avoids.
-            "blind_wall_s_mean": float(np.mean([x.wall_s for x in run.blind_oracles]))
-            if len(run.blind_oracles) == len(o) else None,
-            "blind_regret_mean": float(np.mean([_regret(b.wall_s, x.wall_s) for b, x in
-                                                zip(run.blind_oracles, o)]))
-            if len(run.blind_oracles) == len(o) else None}
+            "blind_wall_s_mean": float(np.mean([b.wall_s for b in blind]))
+            if blind else None,
+            "blind_regret_mean": float(np.mean([_regret(b.wall_s, x.wall_s)
+                                                for b, x in zip(blind, o)]))
+            if blind else None}
 
 
 def pct(x: float) -> str:

@@ -18,13 +18,17 @@ the best found, not proven best over the space).
 ``lower_bound_s`` bounds every schedule of every plan of the space from below: each
 state run at its certified lower bound on the iteration time, with free switches and no
 failure losses (checkpoint writes are paid by every schedule and kept).
+
+``failure_blind`` runs the same DP but learns of each failure only when it happens
+(planning with hindsight on the timeline as known until then): the part of a strategy's
+regret that needs no foresight of failures (docs/dynamics.md).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -212,13 +216,19 @@ def _schedule(history: tuple) -> list[tuple[float, int]]:
     return sched[::-1]
 
 
+def _first_finish(p: _Pass) -> tuple[float, _Label]:
+    """The earliest finish of a pass (fewest switches among equals) and its label."""
+    fin, best, _ = min(p.finishes, key=lambda f: (f[0], f[1].switches))
+    return fin, best
+
+
 def _result(p: _Pass, lower: float, n_target: float, plans: list[Plan],
             sols: dict[tuple, Solution], cut: bool, max_front: int) -> OracleResult:
     certified = sum(bool(s.certificate and s.certificate.optimal) for s in sols.values())
     if not p.finishes:
         return OracleResult(math.inf, lower, 0.0, 0, 0, 0.0, (), tuple(plans), len(sols),
                             certified, cut, max_front)
-    fin, best, _ = min(p.finishes, key=lambda f: (f[0], f[1].switches))
+    fin, best = _first_finish(p)
     return OracleResult(fin, min(lower, fin), n_target, best.switches, best.failures,
                         best.migration_s, tuple(_schedule(best.history)), tuple(plans),
                         len(sols), certified, cut, max_front)
@@ -240,14 +250,8 @@ def hindsight(timeline: Timeline, planners: Planners, settings: SimSettings,
 def _clip(states: Sequence[NetworkState], start: float, end: float = math.inf,
           ) -> list[NetworkState]:
     """The states' parts within [start, end)."""
-    out = []
-    for st in states:
-        if st.end_s <= start or st.start_s >= end:
-            continue
-        out.append(NetworkState(st.index, max(st.start_s, start), min(st.end_s, end),
-                                st.cluster, st.bandwidth, st.base_bandwidth, st.topology,
-                                st.lost_hosts))
-    return out
+    return [replace(st, start_s=max(st.start_s, start), end_s=min(st.end_s, end))
+            for st in states if st.end_s > start and st.start_s < end]
 
 
 def failure_blind(timeline: Timeline, known: Sequence[tuple[float, Timeline]],
@@ -282,7 +286,7 @@ def failure_blind(timeline: Timeline, known: Sequence[tuple[float, Timeline]],
         cut, max_front = cut or plan.cut, max(max_front, plan.max_front)
         if not plan.finishes:
             return _result(plan, lower, n_target, plans, real_sols, cut, max_front)
-        fin, best, _ = min(plan.finishes, key=lambda f: (f[0], f[1].switches))
+        fin, best = _first_finish(plan)
         if fin <= t_next:
             return _result(plan, lower, n_target, plans, real_sols, cut, max_front)
         # Run that schedule on the real states up to the next failure.

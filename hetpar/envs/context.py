@@ -188,7 +188,7 @@ class InstanceContext:
             what = "" if self.runtime.unrestricted else f" that {self.runtime.name} can run"
             # The environment's actions keep the optimizer on the GPUs: where the spec
             # allows offload, plans may still exist that the searchers find.
-            offload = ("optimizer" in self.instance.training.offload_modes)
+            offload = "optimizer" in self.instance.training.offload_modes
             raise InfeasibleError(
                 f"instance {self.instance.name}: no feasible plan: {self.cm.model.name} fits on "
                 f"no plan{what} of cluster {self.cluster.name} with training "

@@ -405,7 +405,8 @@ Plan: {what}.
   `--use-distributed-optimizer` (ZeRO-1), `--optimizer-cpu-offload` with
   `--optimizer-offload-fraction 1.0` and `--use-precision-aware-optimizer` (the optimizer
   on the host CPU), `--sequence-parallel` and `--num-layers-per-virtual-pipeline-stage`
-  (the interleaved schedule) where the plan uses them. Add your data, tokenizer, optimizer and checkpoint arguments after them.
+  (the interleaved schedule) where the plan uses them. Add your data, tokenizer,
+  optimizer and checkpoint arguments after them.
 * `hostfile`: the hosts in node-rank order and the processes each runs.
 * `launch.sh`: one `torchrun` line per host. torchrun numbers global ranks node by node
   (each node's ranks follow the local world sizes of the nodes before it), and

@@ -200,7 +200,7 @@ class Bounds:
     def __post_init__(self) -> None:
         self.inv_bw = self.reduce(self.cm.inv_bw)
         self.inv_bw_padded = np.append(self.inv_bw, 0.0)
-        self.offloads = self.space.offloads and self.zero >= 1
+        self.offloads = self.space.offloads
         self.batch = self.cm.training.global_batch
         self.layers = self.cm.model.layers
         self.fixed = self.cm.framework.iteration_overhead_s

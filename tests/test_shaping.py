@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 from hetpar.agents.anchored import AnchoredMaskablePPO, kl_to  # noqa: E402
 from hetpar.agents.io import load_policy, save_policy  # noqa: E402
 from hetpar.agents.policy import HostAttentionPolicy  # noqa: E402
-from hetpar.agents.shaping import (LogRatioReward, RepeatInstance,  # noqa: E402
-                                   reference_table, reference_value, shaping)
+from hetpar.agents.shaping import (LogRatioReward, RandomOpening,  # noqa: E402
+                                   RepeatInstance, reference_table, reference_value,
+                                   shaping)
 from hetpar.agents.train import load_train_config, parse_train_config, train  # noqa: E402
 from hetpar.envs.env import PlanBuilderEnv  # noqa: E402
 from hetpar.errors import ConfigError  # noqa: E402
@@ -112,10 +113,50 @@ def test_repeat_instance_groups_episodes_by_instance() -> None:
     assert env.unwrapped.instance_index == 5
 
 
+def test_random_opening_draws_the_memory_option_and_count_among_the_allowed() -> None:
+    env = RandomOpening(_env(), 1.0)
+    seen: set[tuple[int, str, int]] = set()
+    for seed in range(12):
+        obs, info = env.reset(seed=seed)
+        base = env.unwrapped
+        # The agent starts at its first stage decision, with both drawn decisions made.
+        assert info["opening_drawn"] == 2 and base.phase_name() not in ("memory",
+                                                                         "micro_batches")
+        ep = base._ep
+        seen.add((ep.micro_batches, ep.recompute, ep.zero))
+        assert obs.keys() == base.observation_space.spaces.keys()
+        # The episode goes on as usual and ends with a plan.
+        rng = np.random.default_rng(seed)
+        while True:
+            *_, done, _, info = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
+            if done:
+                break
+        assert info["feasible"] and np.isfinite(info["objective_s"])
+    assert len({m for m, _, _ in seen}) > 1 and len({(r, z) for _, r, z in seen}) > 1
+    # Seeded: the same draws again; p = 0 leaves every decision to the agent.
+    again = RandomOpening(_env(), 1.0)
+    for seed in range(3):
+        env.reset(seed=seed)
+        again.reset(seed=seed)
+        assert again.unwrapped._ep.micro_batches == env.unwrapped._ep.micro_batches
+    never = RandomOpening(_env(), 0.0)
+    _, info = never.reset(seed=0)
+    assert "opening_drawn" not in info and never.unwrapped.phase_name() == "memory"
+    half = RandomOpening(_env(), 0.5)
+    drawn = sum("opening_drawn" in half.reset(seed=s)[1] for s in range(40))
+    assert 8 < drawn < 32
+    with pytest.raises(ValueError):
+        RandomOpening(_env(), 1.5)
+
+
 def test_shaping_picks_the_wrappers() -> None:
     assert shaping("mfu", 1) is None
     wrapped = shaping("log_metis", 2)(_env())
     assert isinstance(wrapped, LogRatioReward) and isinstance(wrapped.env, RepeatInstance)
+    opened = shaping("mfu", 1, opening=0.5)(_env())
+    assert isinstance(opened, RandomOpening) and opened.p == 0.5
+    both = shaping("log_metis", 2, opening=1.0)(_env())
+    assert isinstance(both.env.env, RandomOpening)  # inside the repeat: each episode draws
     with pytest.raises(ValueError):
         shaping("speed", 1)
 
@@ -205,11 +246,16 @@ def test_finetune_config_is_checked() -> None:
                                                    "anchor_coef": 0.1, "value_warmup": 2,
                                                    "init_policy": "shipped"}}, "x")
     assert cfg.finetune["reward"] == "log_metis" and cfg.as_dict()["finetune"]["repeat"] == 4
+    assert cfg.finetune["explore_openings"] == 0.0
+    opened = parse_train_config({**base, "finetune": {"explore_openings": 0.5}}, "x")
+    assert opened.as_dict()["finetune"]["explore_openings"] == 0.5
     assert "finetune" not in parse_train_config(base, "x").as_dict()  # defaults: unsaid
     for bad, field in (({"reward": "speed"}, "finetune.reward"),
                        ({"repeat": 0}, "finetune.repeat"),
                        ({"anchor_coef": -1}, "finetune.anchor_coef"),
                        ({"init_policy": 3}, "finetune.init_policy"),
+                       ({"explore_openings": 1.5}, "finetune.explore_openings"),
+                       ({"explore_openings": -0.1}, "finetune.explore_openings"),
                        ({"warmup": 1}, "finetune.warmup")):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             parse_train_config({**base, "finetune": bad}, "x")
@@ -223,7 +269,7 @@ def _finetune_config(init: str, timesteps: int = 512):  # noqa: ANN202
     data["eval"].update(n=1, freq=256, exact_time_limit=2)
     data["checkpoint"].update(freq=256, keep=2)
     data["finetune"] = {"init_policy": init, "reward": "log_metis", "repeat": 2,
-                        "anchor_coef": 0.1, "value_warmup": 1}
+                        "anchor_coef": 0.1, "value_warmup": 1, "explore_openings": 0.5}
     return parse_train_config(data, "ft", name="ft")
 
 
@@ -253,6 +299,7 @@ def test_ppo_from_a_policy_file_logs_its_gap_and_its_checkpoint_reloads(tmp_path
     assert {"train/kl_anchor", "train/value_warmup", "hetpar/eval/gap_exact_mean"} <= tags
     ckpt = sorted((run / "checkpoints").glob("*.zip"))
     assert ckpt and load_policy(ckpt[-1]).meta["training"]["finetune"]["reward"] == "log_metis"
+    assert load_policy(ckpt[-1]).meta["training"]["finetune"]["explore_openings"] == 0.5
     assert load_policy(res.final_policy).meta["timesteps"] == 512
     with pytest.raises(ConfigError, match="finetune.init_policy.*does not match"):
         train(_finetune_config("shipped"), run_name="other", runs_dir=tmp_path,

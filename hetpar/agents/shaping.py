@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from hetpar.errors import ConfigError
 
@@ -194,16 +195,60 @@ class RepeatInstance(_MaskedWrapper):
         return obs, info
 
 
+# The decisions made before any stage exists, which ``hetpar plan``'s sweep enumerates
+# (the micro-batch count) or takes the few most likely of (the memory option):
+# ``planner._micro_sweep``.
+OPENING_PHASES = frozenset({"memory", "micro_batches"})
+
+
+class RandomOpening(_MaskedWrapper):
+    """With probability ``p`` an episode's opening decisions (memory option, micro-batch
+    count: ``OPENING_PHASES``) are drawn uniformly among the allowed actions inside
+    ``reset``, and the agent starts from the state they leave; otherwise it makes them.
+
+    At planning time the sweep rolls the policy out from every micro-batch count its
+    masks allow under its most likely memory options, so what decides its plans is how
+    well it builds stages after openings it would not choose itself. Exploring starts
+    train exactly that; the drawn decisions are not the agent's (no transition, no
+    gradient). The draws use the environment's own generator, so a seeded run repeats."""
+
+    def __init__(self, env: gym.Env, p: float) -> None:
+        super().__init__(env)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {p}")
+        self.p = p
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None,
+              ) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        base = self.env.unwrapped
+        rng = base.np_random
+        if self.p <= 0.0 or rng.random() >= self.p:
+            return obs, info
+        drawn = 0
+        while base.phase_name() in OPENING_PHASES:  # type: ignore[attr-defined]
+            allowed = np.flatnonzero(base.action_masks())  # type: ignore[attr-defined]
+            obs, _, terminated, truncated, _ = self.env.step(int(rng.choice(allowed)))
+            drawn += 1
+            if terminated or truncated:  # pragma: no cover - no stage exists yet
+                raise RuntimeError("an episode ended during its opening")
+        return obs, {**info, "opening_drawn": drawn}
+
+
 class _Shaping:
-    """A picklable ``wrap`` for ``make_vec_env``: ``RepeatInstance`` then the reward."""
+    """A picklable ``wrap`` for ``make_vec_env``: ``RandomOpening``, ``RepeatInstance``,
+    then the reward."""
 
     def __init__(self, reward: str, repeat: int, inner: Any = None,
-                 refs: dict[str, float] | None = None) -> None:
+                 refs: dict[str, float] | None = None, opening: float = 0.0) -> None:
         self.reward, self.repeat, self.inner, self.refs = reward, repeat, inner, refs
+        self.opening = opening
 
     def __call__(self, env: gym.Env) -> gym.Env:
         if self.inner is not None:
             env = self.inner(env)
+        if self.opening > 0.0:
+            env = RandomOpening(env, self.opening)
         if self.repeat > 1:
             env = RepeatInstance(env, self.repeat)
         if self.reward == "log_metis":
@@ -212,11 +257,12 @@ class _Shaping:
 
 
 def shaping(reward: str, repeat: int, inner: Any = None,
-            refs: dict[str, float] | None = None) -> Any:
-    """The ``wrap`` that ``hetpar train`` gives ``make_vec_env`` for a config's reward and
-    repeat (None when neither changes anything); ``refs``: a ``reference_table``."""
+            refs: dict[str, float] | None = None, opening: float = 0.0) -> Any:
+    """The ``wrap`` that ``hetpar train`` gives ``make_vec_env`` for a config's reward,
+    repeat and share of drawn openings (``RandomOpening``; None when none changes
+    anything); ``refs``: a ``reference_table``."""
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r} (known: {', '.join(REWARDS)})")
-    if reward == "mfu" and repeat <= 1:
+    if reward == "mfu" and repeat <= 1 and opening <= 0.0:
         return inner
-    return _Shaping(reward, repeat, inner, refs)
+    return _Shaping(reward, repeat, inner, refs, opening)

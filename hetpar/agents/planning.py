@@ -18,7 +18,7 @@ Methods (``METHODS``):
   (``hetpar.agents.planner.plan_with_policy``; ``policy=`` a loaded bundle or a policy
   file, None for the shipped one). Each name presets the planner's settings
   (``policy_presets``): ``policy`` is ``hetpar plan``'s default (the sweep: the most
-  likely rollout for each of the policy's 3 most likely memory options and each
+  likely rollout for each memory option (recompute mode, ZeRO stage) and each
   micro-batch count the masks then allow, their refinement, then the structure search
   from the best), ``policy-beam`` the same from a beam search instead of the sweep,
   ``policy-greedy`` the refined sweep without the structure search and ``policy-raw``

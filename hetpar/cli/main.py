@@ -760,8 +760,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
         "plan", help="plan with a trained policy in about a second",
         description="Build a plan with a trained policy: its most likely masked rollout "
-                    "in the plan-building environment for each of its 3 most likely memory "
-                    "options and each micro-batch count it may then choose (--beam W: a "
+                    "in the plan-building environment for each memory option (recompute, "
+                    "ZeRO) and each micro-batch count it may then choose (--beam W: a "
                     "beam search of that width over its decisions instead); the exact "
                     "layer-split search then picks "
                     "the best micro-batch count, recompute mode and layer split for the "
@@ -805,8 +805,8 @@ def _add_plan_parsers(sub: argparse._SubParsersAction) -> None:
                          "--no-refine; --no-micro-sweep: the single most likely rollout)")
     pl.add_argument("--sweep-memory", type=int, default=None, metavar="K",
                     help="memory options (recompute, ZeRO) the sweep rolls out from, most "
-                         "likely first (default 3; 1: the policy's own only, a third of the "
-                         "time; the largest number: all of them, about twice the time)")
+                         "likely first (default: all 6; 3: half the time, a worse tail on "
+                         "large clusters; 1: the policy's own only, several times faster)")
     pl.add_argument("--no-refine", action="store_true",
                     help="keep the rollout's plan as it is (no exact layer split, no "
                          "structure search)")

@@ -46,12 +46,9 @@ from hetpar.dynamics.strategies import Planners  # noqa: E402
 from hetpar.workload.model import load_model  # noqa: E402
 from hetpar.workload.training import load_training  # noqa: E402
 
+from benchmarks.policy_gaps import _q  # noqa: E402  (the benchmarks' quantile)
+
 TARGET_MS = 50.0
-
-
-def _q(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))] if s else math.nan
 
 
 def main() -> int:
@@ -63,9 +60,6 @@ def main() -> int:
     ap.add_argument("--beam", type=int, default=None,
                     help="decode with a beam of W instead of the sweep (1: one rollout)")
     a = ap.parse_args()
-    import torch
-
-    torch.set_num_threads(1)
     names = a.scenarios.split(",") if a.scenarios else list_scenarios()
     every: list[float] = []
     parts: dict[str, list[float]] = {}

@@ -382,7 +382,7 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
     refine_s, complete = 0.0, False
     space: PlanSpace | None = None  # built once for the refinement and the local search
     if refine:
-        from hetpar.solvers.bounds import Bounds
+        from hetpar.solvers.exact import bounds_of
         from hetpar.solvers.refine import refine_plan
 
         t0 = time.perf_counter()
@@ -390,7 +390,7 @@ def plan_with_policy(bundle: PolicyLike, problem: Problem, *, method: str | None
         # One set of bounds for every structure refined: the rollouts share most of their
         # stages, and a stage's profile (its affine costs at a micro-batch count) costs
         # more to build than most completions do to score.
-        bounds = Bounds(cm, space, obj, max(space.zero_stages))
+        bounds = bounds_of(cm, space, obj)
         # Refinement re-chooses what the candidates differ in most (micro-batches, recompute,
         # layer split), so a structure that ranks second raw may win once refined: the
         # greedy rollout's structure and the best few distinct ones are refined.

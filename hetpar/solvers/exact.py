@@ -1048,8 +1048,14 @@ def _split_moves(stages: tuple[StageChoice, ...], layers: int,
     return out
 
 
+def bounds_of(cm: CostModel, space: PlanSpace, objective: Objective) -> Bounds:
+    """The bounds of one (cost model, space, objective), at the space's largest ZeRO stage
+    as the search assumes; one object reused across searches keeps its stage profiles."""
+    return Bounds(cm, space, objective, max(space.zero_stages))
+
+
 def make_bounds(problem: SearchProblem) -> Bounds:
-    return Bounds(problem.cm, problem.space, problem.objective, max(problem.space.zero_stages))
+    return bounds_of(problem.cm, problem.space, problem.objective)
 
 
 def search_subtree(problem: SearchProblem, task: Task | tuple[StageChoice, ...],

@@ -31,17 +31,21 @@ instances (the latency target of issue 24 is stated on 16-host clusters).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import hetpar
-from hetpar.agents.io import load_policy
-from hetpar.agents import planning
-from hetpar.agents.planner import SPECULATE, plan_with_policy, policy_problem
-from hetpar.solvers.local_search import DEFAULT_EVALUATIONS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hetpar  # noqa: E402
+from benchmarks.policy_gaps import _q  # noqa: E402  (the benchmarks' quantile)
+from hetpar.agents import planning  # noqa: E402
+from hetpar.agents.io import load_policy  # noqa: E402
+from hetpar.agents.planner import SPECULATE, plan_with_policy, policy_problem  # noqa: E402
+from hetpar.solvers.local_search import DEFAULT_EVALUATIONS  # noqa: E402
 
 CASES = [
     ("amp-het-16", "gpt2-medium"),          # 16 GPUs, 4 hosts
@@ -128,11 +132,6 @@ def main() -> None:
                      f"{at_least}{exact_s / (infer + refine + search):7.0f}x  ")
                   + f"{refined:.4f} / {value:.4f} / {sol.value:.4f}"
                   f"{'' if proven else ' (not proven)'}")
-
-
-def _q(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
 def suite_latency(args: argparse.Namespace) -> None:

@@ -43,14 +43,19 @@ import json
 import math
 import statistics
 import time
+import sys
+from pathlib import Path
 from typing import Any
 
-from hetpar.errors import HetparError, PlanError
-from hetpar.plan import Plan
-from hetpar.problem import Problem
-from hetpar.problem.generator import load_suite
-from hetpar.solvers import solve
-from hetpar.solvers.local_search import DEFAULT_EVALUATIONS, improve_structure
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.policy_gaps import _pct, _q  # noqa: E402  (the benchmarks' quantile)
+from hetpar.errors import HetparError, PlanError  # noqa: E402
+from hetpar.plan import Plan  # noqa: E402
+from hetpar.problem import Problem  # noqa: E402
+from hetpar.problem.generator import load_suite  # noqa: E402
+from hetpar.solvers import solve  # noqa: E402
+from hetpar.solvers.local_search import DEFAULT_EVALUATIONS, improve_structure  # noqa: E402
 
 SUITES = ("test-iid", "test-larger", "test-unseen-gpus", "test-geo", "test-hard")
 STARTS = ("policy", "metis", "megatron", "random", "untrained", "policy-beam", "policy-sweep")
@@ -119,15 +124,6 @@ def reference_of(suite: Any, index: int, inst: Any) -> tuple[float, bool] | None
     return e.value_s, e.optimal
 
 
-def _q(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
-def _pct(x: float) -> str:
-    return "-" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
 def main() -> int:

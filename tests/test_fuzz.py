@@ -18,7 +18,6 @@ import copy
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -580,14 +579,9 @@ def test_a_reference_file_with_a_damaged_plan_is_refused(capsys, tmp_path):
 # ---- the command-line harness (benchmarks/fuzz.py), a short real run ---------------------------
 
 def _harness():
-    import importlib.util
+    from bench_helpers import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("hetpar_fuzz_harness", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("fuzz", "hetpar_fuzz_harness")
 
 
 @pytest.mark.slow

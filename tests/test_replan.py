@@ -576,16 +576,9 @@ def test_library_replans_when_no_held_plan_can_run():
 
 
 def _decision_latency_module():
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from bench_helpers import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "decision_latency.py"
-    spec = importlib.util.spec_from_file_location("hetpar_decision_latency", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decision_latency", "hetpar_decision_latency")
 
 
 def test_decision_latency_benchmark_prints_its_figures_and_the_plans_checksum(capsys,

@@ -8,27 +8,17 @@ installed) and fails on any value or plan that differs. The full snapshot is che
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from bench_helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "same_plans.py"
 GOLDEN = ROOT / "tests" / "data" / "golden_plans.json"
 
 
 def _load_script():
-    name = "hetpar_bench_same_plans"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("same_plans")
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,30 @@ def test_other_cost_model_makes_the_header_stale(copy):
     assert "cost_model.version" in stale[0].why
 
 
+def test_a_build_naming_no_seeds_seeds_with_the_policy_where_it_is_installed(capsys, tmp_path,
+                                                                            monkeypatch):
+    """Without --seeds, the shipped policy's best methods compete with exact's too (where
+    the rl extra is installed): a shipped baseline never beats a reference built with the
+    defaults. Without torch, the defaults are the solver baselines alone."""
+    import importlib.util
+
+    pytest.importorskip("sb3_contrib")
+    assert reference.default_seeds() == reference.DEFAULT_SEEDS + reference.POLICY_SEEDS
+    assert set(reference.POLICY_SEEDS) == {"policy", "policy-beam"}
+    path = tmp_path / "tiny.json"
+    code, out, err = run(capsys, "reference", "build", "tiny", "--n", "1", "--time-limit",
+                         LIMIT, "--out", path)
+    assert code == 0, err
+    entry = load_references(path).entries[0]
+    assert set(entry.seeds) == set(reference.DEFAULT_SEEDS + reference.POLICY_SEEDS)
+    assert all(v is not None for v in entry.seeds.values())
+    assert all(entry.value_s <= v * (1 + 1e-9) for v in entry.seeds.values())
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    assert reference.default_seeds() == reference.DEFAULT_SEEDS
+
+
 def test_interrupted_build_keeps_what_it_finished_and_a_rerun_skips_it(capsys, tmp_path):
     path = tmp_path / "tiny.json"
     code, out, err = run(capsys, "reference", "build", "tiny", "--n", "1", "--time-limit",
@@ -270,6 +294,34 @@ def test_evaluate_reports_gaps_to_the_reference(capsys, copy, tmp_path):
             assert r["gap_to_bound"] >= r["gap_to_ref_best"]  # the bound's gap bounds it
 
 
+def test_evaluate_names_a_reference_that_a_method_of_the_run_beats():
+    """A plan better than the file's best plan of an unproven instance means the file is
+    stale against that method: the summary says so, names the instances and the retry
+    that mends it. Equal plans and proven entries are not reported."""
+    from hetpar.agents.evaluate import Evaluation, Row
+
+    def row(index: int, method: str, status: str, gap_to_ref_best: float) -> Row:
+        return Row(suite="test-iid", index=index, instance=f"test-iid-{index}", hosts=2,
+                   gpus=8, model="gpt3-125m", method=method, objective="mean",
+                   value_s=1.0 + gap_to_ref_best, wall_s=0.1, ref_status=status,
+                   ref_value_s=1.0, ref_bound_s=0.5, gap_to_bound=1.0 + 2 * gap_to_ref_best,
+                   gap_to_ref_best=gap_to_ref_best)
+
+    rows = [row(0, "policy", "bounded", -0.05), row(0, "metis", "bounded", 0.10),
+            row(1, "policy", "bounded", 0.0), row(1, "metis", "bounded", 0.0)]
+    ev = Evaluation(suite="test-iid", n=2, methods=("policy", "metis"), objective="mean",
+                    samples=16, seed=0, time_limit=10.0, rows=rows,
+                    reference="configs/references/test-iid.json")
+    assert ev.beaten_references() == [rows[0]]
+    md = ev.summary_markdown()
+    assert "**The reference file is stale against policy**" in md
+    assert "test-iid-0 by policy (-5.0%)" in md and "test-iid-1" not in md.split("stale")[1]
+    assert ("hetpar reference build test-iid --n 2 --retry --seeds "
+            "metis,megatron,local-search,policy") in md
+    rows[0].value_s, rows[0].gap_to_ref_best = 1.0, 0.0
+    assert ev.beaten_references() == [] and "stale" not in ev.summary_markdown()
+
+
 def test_evaluate_finds_the_suite_reference_by_default(capsys, copy, tmp_path, monkeypatch):
     monkeypatch.setattr(reference, "default_path", lambda name: copy.with_name(f"{name}.json"))
     code, out, err = _evaluate(capsys, tmp_path)
@@ -331,3 +383,35 @@ def test_shipped_reference_files_cover_twenty_instances_and_exact_never_loses(pa
         for method, value in e.seeds.items():
             assert value is None or exact <= value * (1 + 1e-9), (e.name, method)
         assert e.optimal or "policy" in e.seeds, e.name
+
+
+def test_no_shipped_baseline_in_the_golden_snapshot_beats_a_shipped_reference():
+    """The golden snapshot (tests/data/golden_plans.json) stores what the shipped methods
+    plan on the first 20 instances of every held-out suite, under the reference files'
+    objective, sample count and seed. A reference whose best plan one of them beats has
+    gone stale against a shipped baseline (a new policy, or a new default decoding):
+    solve its unproven entries again with that method among the seeds, e.g.
+    'hetpar reference build SUITE --n 20 --retry --time-limit 10 --seeds
+    metis,megatron,local-search,policy,policy-beam' (docs/solvers.md)."""
+    golden = json.loads((Path(__file__).parent / "data" / "golden_plans.json").read_text())
+    refs = {p.stem: load_references(p) for p in SHIPPED}
+    beaten, compared = [], 0
+    for case in golden["cases"]:
+        inputs = case["inputs"]
+        if case["group"] != "suite" or inputs["suite"] not in refs:
+            continue
+        file = refs[inputs["suite"]]
+        entry = file.entries.get(int(inputs["index"]))
+        if entry is None:
+            continue
+        # The same problem: otherwise the values would not compare.
+        assert (case["objective"], case["samples"], case["seed"]) == (
+            file.objective, file.samples, file.seed), case["id"]
+        value = case["value_s"]
+        if isinstance(value, str) or not math.isfinite(float(value)):
+            continue  # no plan (stored as a string for inf)
+        compared += 1
+        if float(value) < entry.value_s * (1 - 1e-9):
+            beaten.append(f"{case['id']}: {float(value):.6g} < {entry.value_s:.6g}")
+    assert compared >= 400  # 5 suites x 20 instances x the snapshot's 6 methods, most with plans
+    assert not beaten, "; ".join(beaten)

@@ -283,7 +283,28 @@ class Evaluation:
                              f"{_pct(max(gaps) if gaps else math.nan)} ({len(gaps)})")
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "In brackets: instances counted."]
+        beaten = self.beaten_references()
+        if beaten:
+            names = ", ".join(f"{r.instance} by {r.method} ({_pct(r.gap_to_ref_best)})"
+                              for r in beaten)
+            methods = ",".join(sorted({r.method for r in beaten}))
+            lines += ["", f"**The reference file is stale against {methods}**: on "
+                          f"{len({r.index for r in beaten})} instance(s) a plan of this run "
+                          f"beats its best plan ({names}), so gaps to it understate those "
+                          f"methods' worth. Solve the file's unproven entries again with them "
+                          f"among the seeds: `hetpar reference build {self.suite} --n "
+                          f"{self.n} --retry --seeds "
+                          f"metis,megatron,local-search,{methods}`."]
         return lines
+
+    def beaten_references(self) -> list[Row]:
+        """Rows whose plan beats the reference file's best plan of an instance it does not
+        prove optimal (a stale reference: a method of this run found a better plan than
+        the build's seeds and exact search did)."""
+        from hetpar.agents.reference import TIE
+
+        return [r for r in self.rows
+                if r.ref_status in ("bounded", "unbounded") and r.gap_to_ref_best < -TIE]
 
 
 def _quantile(values: Sequence[float], q: float) -> float:

@@ -49,6 +49,7 @@ from hetpar.problem.instance import Instance
 
 __all__ = [
     "DEFAULT_SEEDS",
+    "POLICY_SEEDS",
     "FORMAT",
     "TIE",
     "Entry",
@@ -56,6 +57,7 @@ __all__ = [
     "Stale",
     "build",
     "check",
+    "default_seeds",
     "default_path",
     "find_reference",
     "instance_digest",
@@ -71,12 +73,26 @@ TIE = 1e-9
 # Cheap methods whose plans compete with exact's: a time-limited exact answer is never
 # worse than theirs, and local search often finds what a stopped search has not.
 DEFAULT_SEEDS = ("metis", "megatron", "local-search")
+# The shipped policy's methods that plan best (``hetpar plan``'s default and its beam
+# variant): seeds by default where the ``rl`` extra is installed, so that no shipped
+# baseline beats a reference (tests/test_reference.py checks the shipped files against
+# the golden snapshot's plans).
+POLICY_SEEDS = ("policy", "policy-beam")
 _SEED_METHODS = ("metis", "megatron", "random", "local-search", "policy", "policy-beam",
                  "policy-greedy", "policy-raw")
 
 
 _EXACT_KEYS = frozenset({"value_s", "lower_bound_s", "optimal", "found_by", "stopped",
                          "wall_s", "error"})
+
+
+def default_seeds() -> tuple[str, ...]:
+    """The seed methods of a build that names none: ``DEFAULT_SEEDS``, and
+    ``POLICY_SEEDS`` where torch and sb3-contrib are installed."""
+    import importlib.util
+
+    policy = all(importlib.util.find_spec(m) is not None for m in ("torch", "sb3_contrib"))
+    return DEFAULT_SEEDS + (POLICY_SEEDS if policy else ())
 
 
 def _digest(data: Any) -> str:
@@ -447,7 +463,7 @@ class BuildReport:
 def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
           out: str | Path | None = None, objective: str = "mean",
           samples: int = POLICY_SAMPLES, seed: int = DEFAULT_SEED,
-          seeds: Sequence[str] = DEFAULT_SEEDS, policy: Any = None,
+          seeds: Sequence[str] | None = None, policy: Any = None,
           grace_s: float | None = None, memory_gib: float = 8.0, retry: bool = False,
           trust_pickle: bool = False,
           log: Callable[[str], None] | None = None, backend: str = "local",
@@ -468,6 +484,10 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
         from hetpar.problem.generator import load_suite
         suite = load_suite(suite)
     obj = Objective.parse(objective)
+    # Seeds named by the caller must plan every instance; the default's policy seeds are
+    # left out where the policy cannot (an error of the seed, recorded as no plan).
+    named = seeds is not None
+    seeds = tuple(seeds) if seeds is not None else default_seeds()
     bad = [m for m in seeds if m not in _SEED_METHODS]
     if bad:
         raise ConfigError("", "seeds", f"unknown seed method(s) {', '.join(bad)} "
@@ -505,7 +525,7 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
             if log:
                 log(f"#{i} {inst.name}: done before, skipped")
             continue
-        if any(m.startswith("policy") for m in seeds):
+        if named and any(m.startswith("policy") for m in seeds):
             from hetpar.agents.planner import check_hosts
             check_hosts(policy, inst, f"{suite.name} instance {inst.name}")
         starts: tuple[tuple[str, Plan], ...] = ()

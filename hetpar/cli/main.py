@@ -1258,7 +1258,7 @@ def _evaluate_reference(args: argparse.Namespace, suite):  # noqa: ANN202 - Refe
 # ---- hetpar reference: reference optima as data (hetpar/agents/reference.py) -------------------
 
 def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
-    from hetpar.agents.reference import DEFAULT_SEEDS
+    from hetpar.agents.reference import DEFAULT_SEEDS, POLICY_SEEDS
 
     ref = sub.add_parser(
         "reference", help="build or check a suite's reference optima (configs/references/)",
@@ -1288,9 +1288,11 @@ def _add_reference_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--samples", type=int, default=None, metavar="K",
                    help="bandwidth states per instance (default 16, 'hetpar evaluate''s)")
     b.add_argument("--seed", type=int, default=0, help="seed of the bandwidth sampling")
-    b.add_argument("--seeds", default=",".join(DEFAULT_SEEDS), metavar="METHODS",
+    b.add_argument("--seeds", default=None, metavar="METHODS",
                    help=f"methods whose plans compete with exact's (default "
-                        f"{','.join(DEFAULT_SEEDS)}; a policy method such as 'policy' too)")
+                        f"{','.join(DEFAULT_SEEDS + POLICY_SEEDS)}, the policy methods where "
+                        f"the 'rl' extra is installed and the policy plans the instance; "
+                        f"methods named here must plan every instance)")
     b.add_argument("--policy", metavar="FILE",
                    help="policy file of a policy seed method, or 'clone' for the bundled "
                         "behaviour clone (default: the shipped policy)")
@@ -1340,7 +1342,8 @@ def _cmd_reference_build(args: argparse.Namespace, console: Console) -> int:
     if args.backend != "ray" and args.jobs != 1:
         raise ConfigError("--jobs", "", "is an option of --backend ray")
     _join_backend(args, args.jobs * args.workers)
-    seeds = [m.strip() for m in args.seeds.split(",") if m.strip()]
+    seeds = None if args.seeds is None else \
+        [m.strip() for m in args.seeds.split(",") if m.strip()]
     from hetpar.problem.generator import load_suite
 
     suite = load_suite(args.suite)

@@ -23,8 +23,8 @@ decodes with a beam of W over the policy's log-probabilities instead, raw and re
 alike (``hetpar plan --no-improve --beam W``: the best W structures are refined);
 ``--no-micro-sweep`` refines the single rollout (``hetpar plan --no-improve --no-micro-
 sweep``); ``--sweep-memory K`` sweeps the policy's K most likely memory options
-(``hetpar plan --no-improve --sweep-memory K``; default 3); ``--refine-candidates R``
-refines R structures besides the greedy one's (default: the planner's, 8 with the sweep,
+(``hetpar plan --no-improve --sweep-memory K``; default all 6); ``--refine-candidates R``
+refines R structures besides the greedy one's (default: the planner's, 16 with the sweep,
 2 with a beam). """
 
 from __future__ import annotations

@@ -414,6 +414,55 @@ def test_heldout_rows_meet_their_targets_and_need_sequence_parallelism():
             assert not cm.evaluate(dataclasses.replace(plan, sequence_parallel=False)).feasible
 
 
+def test_llm_foundry_rows_are_the_published_mfu_and_parameter_counts():
+    """The bundled MPT rows give the table's MFU with llm-foundry's formula (6 N per token
+    plus 12 l h s per token for attention, 312 / 989.4 TFLOP/s per A100 / H100), and the
+    model built from each row has the table's parameter count (MPT: no biases, learned
+    positions, a tied embedding): the rows were transcribed consistently."""
+    import csv
+
+    from hetpar.fidelity.reference import fsdp_runs, reference_dir
+    rows = {r["row_id"]: r for r in csv.DictReader(
+        (reference_dir() / "llm_foundry_fsdp.csv").open(newline=""))}
+    runs = fsdp_runs()
+    assert len(runs) == len(rows) == 20
+    assert {r.cluster.hosts[0].gpu.name for r in runs} == {
+        "H100-SXM5-80GB", "A100-SXM4-80GB", "A100-SXM4-40GB"}
+    for ref in runs:
+        row = rows[ref.row_id]
+        m, gpus = ref.model, ref.cluster.num_gpus
+        s, n = m.seq_len, int(row["num_params"])
+        peak = 989.4e12 if "H100" in row["gpu"] else 312e12
+        tokens = ref.training.global_batch * s
+        flops = 6 * n * tokens + 12 * m.layers * m.hidden * s * tokens
+        mfu = flops / (ref.measured_s * gpus * peak)
+        assert mfu == pytest.approx(float(row["mfu_pct"]) / 100, abs=0.0005), ref.row_id
+        assert m.total_params == pytest.approx(n, rel=0.002), ref.row_id
+        plan = ref.plans[0]
+        assert plan.zero == 3 and len(plan.stages) == 1 and plan.stages[0].dp == gpus
+        assert ref.training.global_batch == plan.micro_batches * gpus * int(row["micro_batch"])
+
+
+def test_llm_foundry_rows_are_held_out_and_reported_per_gpu_type(capsys):
+    """The FSDP rows are predicted, never fitted: every run fits; the figures hetpar
+    validate prints are these (per GPU type, the uncalibrated types named)."""
+    import json
+
+    from hetpar.cli.main import main
+    from hetpar.fidelity.report import heldout_fsdp_report
+    rep = heldout_fsdp_report(CONSTANTS)
+    assert len(rep.results) == 20 and rep.false_infeasible == 0
+    by_gpu = rep.mape_by_gpu
+    assert {g: n for g, (_, n) in by_gpu.items()} == {
+        "A100-SXM4-40GB": 3, "A100-SXM4-80GB": 8, "H100-SXM5-80GB": 9}
+    assert "H100-SXM5-80GB" in rep.uncalibrated and "A100-SXM4-80GB" not in rep.uncalibrated
+    assert main(["validate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["heldout_fsdp"]["mape"] == pytest.approx(rep.mape)
+    assert set(doc["heldout_fsdp"]["rows"]) == {r.row_id for r in rep.results}
+    assert doc["heldout_fsdp"]["uncalibrated"] == sorted(rep.uncalibrated)
+
+
 # ---- the searched space with sequence parallelism -----------------------------------------
 
 def _exact_is_enumeration(seed: int, **changes):

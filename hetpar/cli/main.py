@@ -540,22 +540,34 @@ def _render(console: Console, problem, solution) -> None:  # noqa: ANN001 - Prob
 
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from hetpar.costmodel.constants import load_constants
-    from hetpar.fidelity.report import calibration_report, heldout_report, validation_report
+    from hetpar.fidelity.report import (
+        calibration_report,
+        heldout_fsdp_report,
+        heldout_report,
+        validation_report,
+    )
 
     constants = load_constants(args.calibration)
     cal = calibration_report(constants)
     reports = [validation_report(constants, exp) for exp in ("het_cluster", "homogeneous")]
     held = heldout_report(constants)
+    fsdp = heldout_fsdp_report(constants)
+
+    def heldout_json(rep: Any) -> dict[str, Any]:
+        return {"name": rep.name, "mape": rep.mape, "false_infeasible": rep.false_infeasible,
+                "mape_by_gpu": {g: {"mape": m, "rows": n}
+                                for g, (m, n) in rep.mape_by_gpu.items()},
+                "uncalibrated": sorted(rep.uncalibrated),
+                "rows": {r.row_id: {"published_s": r.measured_s, "predicted_s": r.predicted_s,
+                                    "feasible": r.feasible} for r in rep.results}}
+
     if args.json:
         _print_json({
             "calibration": {"mape": cal.mape,
                             "rows": {r.row_id: {"published_s": r.measured_s,
                                                 "predicted_s": r.predicted_s} for r in cal.results}},
-            "heldout": {"name": held.name, "mape": held.mape,
-                        "false_infeasible": held.false_infeasible,
-                        "rows": {r.row_id: {"published_s": r.measured_s,
-                                            "predicted_s": r.predicted_s,
-                                            "feasible": r.feasible} for r in held.results}},
+            "heldout": heldout_json(held),
+            "heldout_fsdp": heldout_json(fsdp),
             **{rep.name: {"spearman": rep.spearman, "kendall": rep.kendall,
                           "predicted_best": rep.predicted_best.row_id if rep.predicted_best else None,
                           "pick_slowdown": rep.pick_slowdown,
@@ -574,6 +586,9 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     render_calibration(console, cal)
     console.print()
     render_heldout(console, held)
+    console.print()
+    render_heldout(console, fsdp, "MosaicML llm-foundry MPT benchmarks, PyTorch FSDP "
+                                  "(full sharding, ZeRO-3), H100 and A100")
     for rep in reports:
         console.print()
         render_validation(console, rep, fitted=rep.name == "homogeneous")

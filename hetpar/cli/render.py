@@ -143,9 +143,9 @@ def render_calibration(console: Console, rep: ExperimentReport) -> None:
     console.print(f"mean absolute percentage error: [bold]{rep.mape:.1%}[/] (target <= 10%)")
 
 
-def render_heldout(console: Console, rep: ExperimentReport) -> None:
-    t = Table(title="Held out, never fitted: Korthikanti et al. 2022 Table 5 (A100)",
-              title_justify="left")
+def render_heldout(console: Console, rep: ExperimentReport,
+                   title: str = "Korthikanti et al. 2022 Table 5 (A100)") -> None:
+    t = Table(title=f"Held out, never fitted: {title}", title_justify="left")
     for col in ("row", "published s", "predicted s", "error", "predicted fits", "peak GiB"):
         t.add_column(col, justify="right" if col != "row" else "left")
     for r in rep.results:
@@ -157,6 +157,11 @@ def render_heldout(console: Console, rep: ExperimentReport) -> None:
     console.print(f"mean absolute percentage error: [bold]{rep.mape:.1%}[/] (target <= 8%); "
                   f"predicted to fit: [bold]{len(rep.results) - rep.false_infeasible}[/] of "
                   f"{len(rep.results)}")
+    by_gpu = rep.mape_by_gpu
+    if len(by_gpu) > 1:
+        console.print("per GPU type: " + "; ".join(
+            f"{gpu} {mape:.1%} ({n} rows{', uncalibrated' if gpu in rep.uncalibrated else ''})"
+            for gpu, (mape, n) in by_gpu.items()))
 
 
 def render_validation(console: Console, rep: ExperimentReport, fitted: bool) -> None:

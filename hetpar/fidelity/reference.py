@@ -5,6 +5,9 @@
 * Korthikanti et al. (2022) Table 5 (validation, held out): GPT models of 22B to 1T
   parameters on DGX A100 hosts, full recomputation against sequence parallelism with
   selective recomputation.
+* MosaicML llm-foundry's MPT training benchmarks (validation, held out): MPT models of
+  125M to 30B parameters trained with PyTorch FSDP (full sharding, ZeRO-3's traffic) on
+  H100 and A100 hosts, the only rows with H100s and with ZeRO-3.
 
 Plans are built exactly as the data README describes: global rank
 ``r = tp_rank + tp * (dp_rank + dp * stage)`` lives on host ``r // gpus_per_host``.
@@ -23,7 +26,8 @@ from hetpar.plan import Plan, Replica, Stage
 from hetpar.workload.model import ModelSpec, load_model
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["Run", "megatron_runs", "amp_runs", "korthikanti_runs", "rank_placement_plan"]
+__all__ = ["Run", "megatron_runs", "amp_runs", "korthikanti_runs", "fsdp_runs",
+           "rank_placement_plan"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,42 @@ def korthikanti_runs() -> list[Run]:
             plan = replace(plan, sequence_parallel=row["sequence_parallel"] == "true")
             runs.append(Run(row["row_id"], "korthikanti", cluster, model, training, (plan,),
                             float(row["iter_time_s"])))
+    return runs
+
+
+def fsdp_runs() -> list[Run]:
+    """llm-foundry's MPT benchmarks (``llm_foundry_fsdp.csv``): one data-parallel stage over
+    every GPU, ZeRO-3 (FSDP's full sharding), bf16, flash attention, full recomputation
+    where the row used activation checkpointing, ``grad_accum`` micro-batches of
+    ``micro_batch`` sequences per GPU. MPT has no biases, learned positions, a tied
+    embedding and a 4h GELU MLP."""
+    path = reference_dir() / "llm_foundry_fsdp.csv"
+    runs = []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            hidden, heads = int(row["hidden"]), int(row["heads"])
+            model = ModelSpec(name=f"mpt-{row['model']}", layers=int(row["layers"]),
+                              hidden=hidden, heads=heads, kv_heads=heads,
+                              ffn_hidden=4 * hidden, vocab=int(row["vocab"]),
+                              seq_len=int(row["seq_len"]), mlp="gelu", position="learned",
+                              norm="layernorm", tied_embeddings=True, bias=False)
+            recompute = "full" if row["activation_checkpointing"] == "true" else "none"
+            training = TrainingSpec(global_batch=int(row["global_batch"]), precision="bf16",
+                                    recompute_modes=(recompute,), zero_stages=(3,),
+                                    flash_attention=True, framework="megatron-lm")
+            per_host, gpus = int(row["gpus_per_host"]), int(row["num_gpus"])
+            spec = {"name": f"{row['gpu']}-x{gpus}",
+                    "hosts": [{"name": "node", "count": gpus // per_host, "gpu": row["gpu"],
+                               "gpus": per_host, "nic_gbps": float(row["nic_gbps"])}],
+                    "topology": {"kind": "single_switch"}}
+            cluster = parse_cluster(spec, source=f"<{row['row_id']}>")
+            replicas = tuple(Replica(h.name, (g,)) for h in cluster.hosts
+                             for g in range(h.num_gpus))
+            plan = Plan((Stage(model.layers, 1, replicas),), int(row["grad_accum"]),
+                        recompute, 3)
+            iter_time = int(row["global_batch_tokens"]) / float(row["tokens_per_s"])
+            runs.append(Run(row["row_id"], "llm_foundry", cluster, model, training, (plan,),
+                            iter_time))
     return runs
 
 

@@ -23,10 +23,16 @@ from scipy.stats import kendalltau, spearmanr
 
 from hetpar.costmodel.constants import CostConstants
 from hetpar.costmodel.estimate import CostModel, Estimate
-from hetpar.fidelity.reference import Run, amp_runs, korthikanti_runs, megatron_runs
+from hetpar.fidelity.reference import (
+    Run,
+    amp_runs,
+    fsdp_runs,
+    korthikanti_runs,
+    megatron_runs,
+)
 
 __all__ = ["RunResult", "ExperimentReport", "predict", "predicted_time", "calibration_report",
-           "validation_report", "heldout_report"]
+           "validation_report", "heldout_report", "heldout_fsdp_report"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,19 @@ class ExperimentReport:
     @property
     def mape(self) -> float:
         return float(np.mean([abs(r.error) for r in self.finite]))
+
+    @property
+    def mape_by_gpu(self) -> dict[str, tuple[float, int]]:
+        """Per GPU type of the runs' first replica: (MAPE, rows), finished runs only."""
+        groups: dict[str, list[float]] = {}
+        for r in self.finite:
+            groups.setdefault(r.estimate.memory[0].gpu_type, []).append(abs(r.error))
+        return {gpu: (float(np.mean(errs)), len(errs)) for gpu, errs in sorted(groups.items())}
+
+    @property
+    def uncalibrated(self) -> frozenset[str]:
+        """GPU types the runs ran on that have no fitted efficiency of their own."""
+        return frozenset(t for r in self.results for t in r.estimate.uncalibrated)
 
     @property
     def spearman(self) -> float:
@@ -155,3 +174,10 @@ def heldout_report(constants: CostConstants) -> ExperimentReport:
     """Published runs never used in fitting (``configs/reference/README.md``)."""
     return ExperimentReport("korthikanti_2022_table5",
                             tuple(predict(r, constants) for r in korthikanti_runs()))
+
+
+def heldout_fsdp_report(constants: CostConstants) -> ExperimentReport:
+    """llm-foundry's MPT runs with FSDP on H100 and A100 hosts, never used in fitting
+    (``configs/reference/README.md``): ZeRO-3 plans, and the only H100 rows."""
+    return ExperimentReport("llm_foundry_fsdp",
+                            tuple(predict(r, constants) for r in fsdp_runs()))

@@ -318,7 +318,13 @@ def test_evaluate_names_a_reference_that_a_method_of_the_run_beats():
     assert "test-iid-0 by policy (-5.0%)" in md and "test-iid-1" not in md.split("stale")[1]
     assert ("hetpar reference build test-iid --n 2 --retry --seeds "
             "metis,megatron,local-search,policy") in md
-    rows[0].value_s, rows[0].gap_to_ref_best = 1.0, 0.0
+    # exact is no seed method: the retry runs it anyway, so the command leaves it out.
+    rows[1].method, rows[1].gap_to_ref_best, rows[1].value_s = "exact", -0.02, 0.98
+    md = ev.summary_markdown()
+    assert "**The reference file is stale against exact,policy**" in md
+    assert "--retry --seeds metis,megatron,local-search,policy`" in md
+    for r in rows[:2]:
+        r.value_s, r.gap_to_ref_best = 1.0, 0.0
     assert ev.beaten_references() == [] and "stale" not in ev.summary_markdown()
 
 

@@ -287,14 +287,18 @@ class Evaluation:
         if beaten:
             names = ", ".join(f"{r.instance} by {r.method} ({_pct(r.gap_to_ref_best)})"
                               for r in beaten)
-            methods = ",".join(sorted({r.method for r in beaten}))
-            lines += ["", f"**The reference file is stale against {methods}**: on "
-                          f"{len({r.index for r in beaten})} instance(s) a plan of this run "
-                          f"beats its best plan ({names}), so gaps to it understate those "
-                          f"methods' worth. Solve the file's unproven entries again with them "
-                          f"among the seeds: `hetpar reference build {self.suite} --n "
-                          f"{self.n} --retry --seeds "
-                          f"metis,megatron,local-search,{methods}`."]
+            from hetpar.agents.reference import DEFAULT_SEEDS, SEED_METHODS
+
+            methods = sorted({r.method for r in beaten})
+            # exact is not a seed method: a retry runs it anyway, with its stored plan.
+            seeds = list(DEFAULT_SEEDS) + [m for m in methods
+                                           if m in SEED_METHODS and m not in DEFAULT_SEEDS]
+            lines += ["", f"**The reference file is stale against {','.join(methods)}**: "
+                          f"on {len({r.index for r in beaten})} instance(s) a plan of this "
+                          f"run beats its best plan ({names}), so gaps to it understate "
+                          f"those methods' worth. Solve the file's unproven entries again "
+                          f"with them among the seeds: `hetpar reference build {self.suite} "
+                          f"--n {self.n} --retry --seeds {','.join(seeds)}`."]
         return lines
 
     def beaten_references(self) -> list[Row]:

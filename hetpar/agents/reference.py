@@ -50,6 +50,7 @@ from hetpar.problem.instance import Instance
 __all__ = [
     "DEFAULT_SEEDS",
     "POLICY_SEEDS",
+    "SEED_METHODS",
     "FORMAT",
     "TIE",
     "Entry",
@@ -78,8 +79,9 @@ DEFAULT_SEEDS = ("metis", "megatron", "local-search")
 # baseline beats a reference (tests/test_reference.py checks the shipped files against
 # the golden snapshot's plans).
 POLICY_SEEDS = ("policy", "policy-beam")
-_SEED_METHODS = ("metis", "megatron", "random", "local-search", "policy", "policy-beam",
-                 "policy-greedy", "policy-raw")
+# Every method a build may take as a seed (``--seeds``).
+SEED_METHODS = ("metis", "megatron", "random", "local-search", "policy", "policy-beam",
+                "policy-greedy", "policy-raw")
 
 
 _EXACT_KEYS = frozenset({"value_s", "lower_bound_s", "optimal", "found_by", "stopped",
@@ -488,10 +490,10 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
     # left out where the policy cannot (an error of the seed, recorded as no plan).
     named = seeds is not None
     seeds = tuple(seeds) if seeds is not None else default_seeds()
-    bad = [m for m in seeds if m not in _SEED_METHODS]
+    bad = [m for m in seeds if m not in SEED_METHODS]
     if bad:
         raise ConfigError("", "seeds", f"unknown seed method(s) {', '.join(bad)} "
-                                       f"(known: {', '.join(_SEED_METHODS)})")
+                                       f"(known: {', '.join(SEED_METHODS)})")
     if time_limit <= 0 or workers < 1 or samples < 1 or n < 1:
         raise ConfigError("", "build", "time limit, workers, samples and n must be positive")
     path = Path(out) if out is not None else default_path(suite.name)

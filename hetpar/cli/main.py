@@ -541,6 +541,7 @@ def _render(console: Console, problem, solution) -> None:  # noqa: ANN001 - Prob
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from hetpar.costmodel.constants import load_constants
     from hetpar.fidelity.report import (
+        ExperimentReport,
         calibration_report,
         heldout_fsdp_report,
         heldout_report,
@@ -553,7 +554,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     held = heldout_report(constants)
     fsdp = heldout_fsdp_report(constants)
 
-    def heldout_json(rep: Any) -> dict[str, Any]:
+    def heldout_json(rep: ExperimentReport) -> dict[str, Any]:
         return {"name": rep.name, "mape": rep.mape, "false_infeasible": rep.false_infeasible,
                 "mape_by_gpu": {g: {"mape": m, "rows": n}
                                 for g, (m, n) in rep.mape_by_gpu.items()},

@@ -586,7 +586,8 @@ def _harness():
 
 @pytest.mark.slow
 def test_command_line_harness_finds_nothing_bad(tmp_path):
-    """Generated cases of every kind through 'hetpar' in subprocesses (30 s, 2 GiB each):
+    """Generated cases of every kind through 'hetpar' in subprocesses (30 s, 90 s for a
+    training run, 2 GiB each):
     4 a kind here (about a minute on 2 cores), 40 with HETPAR_FUZZ_LONG=1."""
     import random
     from concurrent.futures import ThreadPoolExecutor

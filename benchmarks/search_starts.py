@@ -42,8 +42,8 @@ import dataclasses
 import json
 import math
 import statistics
-import time
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +122,6 @@ def reference_of(suite: Any, index: int, inst: Any) -> tuple[float, bool] | None
     if e is None or e.instance_digest != instance_digest(inst) or e.plan is None:
         return None
     return e.value_s, e.optimal
-
-
 
 
 def main() -> int:

@@ -399,7 +399,10 @@ def test_no_shipped_baseline_in_the_golden_snapshot_beats_a_shipped_reference():
     solve its unproven entries again with that method among the seeds, e.g.
     'hetpar reference build SUITE --n 20 --retry --time-limit 10 --seeds
     metis,megatron,local-search,policy,policy-beam' (docs/solvers.md)."""
-    golden = json.loads((Path(__file__).parent / "data" / "golden_plans.json").read_text())
+    from bench_helpers import load_benchmark
+
+    same_plans = load_benchmark("same_plans")  # the snapshot's own reader
+    golden = same_plans.load_golden(Path(__file__).parent / "data" / "golden_plans.json")
     refs = {p.stem: load_references(p) for p in SHIPPED}
     beaten, compared = [], 0
     for case in golden["cases"]:
@@ -413,11 +416,11 @@ def test_no_shipped_baseline_in_the_golden_snapshot_beats_a_shipped_reference():
         # The same problem: otherwise the values would not compare.
         assert (case["objective"], case["samples"], case["seed"]) == (
             file.objective, file.samples, file.seed), case["id"]
-        value = case["value_s"]
-        if isinstance(value, str) or not math.isfinite(float(value)):
-            continue  # no plan (stored as a string for inf)
+        value = same_plans._from_json_value(case["value_s"])
+        if not math.isfinite(value):
+            continue  # no plan
         compared += 1
-        if float(value) < entry.value_s * (1 - 1e-9):
-            beaten.append(f"{case['id']}: {float(value):.6g} < {entry.value_s:.6g}")
+        if value < entry.value_s * (1 - reference.TIE):
+            beaten.append(f"{case['id']}: {value:.6g} < {entry.value_s:.6g}")
     assert compared >= 400  # 5 suites x 20 instances x the snapshot's 6 methods, most with plans
     assert not beaten, "; ".join(beaten)

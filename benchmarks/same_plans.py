@@ -14,6 +14,9 @@ Comparison: values equal to a relative 1e-9 (``inf`` equals ``inf``), ``found`` 
 error class equal, plans equal as dicts. ``exact`` and ``brute`` are compared by value
 only (a tie may pick another plan), and only where the stored run was proven optimal; a
 new exact run that matches the value without proving it (time limit) passes with a note.
+A plan of the same value that is the stored one with its hosts renamed one-to-one among
+hosts of the same hardware passes with a note too: the policy chooses between such hosts
+by logits equal to the last bits, which CPUs of other vector widths order differently.
 
 Cases (deterministic only: node, step and evaluation budgets, never a clock):
 
@@ -424,6 +427,41 @@ def _dict_diff(old: Any, new: Any, path: str = "plan", limit: int = 4) -> list[s
     return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
+def _host_kind(host: Any) -> tuple[Any, ...]:
+    return (host.gpu.name, host.num_gpus, host.intra_kind, host.intra_GBps, host.nic_gbps)
+
+
+def _renamed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether the new plan is the stored one with hosts renamed one-to-one among hosts of
+    the same hardware, up to GPU numbering within a host (its value already equal). The
+    policy picks among such hosts by logits that tie to the last bits, which CPUs of other
+    vector widths order differently; the cost model cannot tell the plans apart, so
+    neither does the check.
+
+    Such a renaming exists exactly when both plans have the same stages' layers and TP
+    degrees and the same multiset of host usages, a usage being the host's hardware and
+    the GPUs it gives each stage."""
+    a, b = old["plan"], new["plan"]
+    if a is None or b is None or len(a["stages"]) != len(b["stages"]):
+        return False
+    hosts = {h.name: h for h in _load_inputs(old["inputs"])[0].hosts}
+
+    def shape(plan: dict[str, Any]) -> tuple[Any, ...] | None:
+        usage: dict[str, list[int]] = {}
+        for i, st in enumerate(plan["stages"]):
+            for r in st["replicas"]:
+                if r["host"] not in hosts:
+                    return None
+                usage.setdefault(r["host"], [0] * len(plan["stages"]))[i] += len(r["gpus"])
+        rest = {k: v for k, v in plan.items() if k != "stages"}
+        return (json.dumps(rest, sort_keys=True),
+                tuple((st["layers"], st["tp"], len(st["replicas"])) for st in plan["stages"]),
+                sorted((_host_kind(hosts[h]), tuple(u)) for h, u in usage.items()))
+
+    sa = shape(a)
+    return sa is not None and sa == shape(b)
+
+
 def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[str]]:
     """("ok" | "skipped" | "mismatch", messages) for one case's stored and new outputs."""
     cid = old["id"]
@@ -449,6 +487,8 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[str]]:
         msgs.append(f"{cid}: value_s old={ov!r} new={nv!r}"
                     + (f" (found {old['found']} -> {new['found']})"
                        if old["found"] != new["found"] else ""))
+    if not msgs and old["plan"] != new["plan"] and _renamed(old, new):
+        return "ok", [f"{cid}: note: same value, the same plan on interchangeable hosts"]
     if old["plan"] != new["plan"]:
         diff = _dict_diff(old["plan"], new["plan"])
         if not msgs:

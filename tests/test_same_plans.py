@@ -60,3 +60,42 @@ def test_policy_cases_same_as_golden(same_plans, quick_cases):
     cases = [c for c in quick_cases if same_plans.needs_policy(c)]
     assert cases
     _check(same_plans, cases)
+
+
+def _record(hosts: list[str], value: float = 0.5) -> dict:
+    stages = [{"layers": 12, "tp": 1, "replicas": [{"host": h, "gpus": [0]}]} for h in hosts]
+    return {"id": "bundled/amp-het-16/gpt2-medium/policy", "method": "policy",
+            "inputs": {"cluster": "amp-het-16", "model": "gpt2-medium",
+                       "training": "default"},
+            "error": "", "found": True, "value_s": value,
+            "plan": {"version": 1, "micro_batches": 4, "recompute": "none", "zero": 1,
+                     "stages": stages}}
+
+
+def test_a_tie_between_hosts_of_the_same_hardware_is_the_same_plan(same_plans):
+    stored = _record(["v100-1", "v100-0"])
+    # Two V100 hosts swapped one-to-one: the cost model cannot tell the plans apart.
+    status, msgs = same_plans.compare(stored, _record(["v100-0", "v100-2"]))
+    assert status == "ok" and "interchangeable hosts" in msgs[0]
+    # A host of other hardware (the T4) is another plan, whatever the value.
+    assert same_plans.compare(stored, _record(["t4", "v100-0"]))[0] == "mismatch"
+    # Two stored hosts onto one new host is not a renaming.
+    assert same_plans.compare(stored, _record(["v100-0", "v100-0"]))[0] == "mismatch"
+    # A renaming with another value is a mismatch of the value.
+    assert same_plans.compare(stored, _record(["v100-0", "v100-2"], 0.6))[0] == "mismatch"
+
+
+def test_a_renaming_may_reorder_replicas_and_gpu_numbers(same_plans):
+    stored = _record(["v100-1", "v100-0"])
+    stored["plan"]["stages"][0]["replicas"] = [{"host": "v100-1", "gpus": [3]},
+                                               {"host": "v100-0", "gpus": [0]}]
+    new = _record(["v100-1", "v100-0"])
+    new["plan"]["stages"][0]["replicas"] = [{"host": "v100-2", "gpus": [0]},
+                                            {"host": "v100-1", "gpus": [1]}]
+    new["plan"]["stages"][1]["replicas"] = [{"host": "v100-2", "gpus": [1]}]
+    assert same_plans.compare(stored, new)[0] == "ok"
+    # The same hosts, but one GPU moved from the first stage to the second: another plan.
+    new["plan"]["stages"][0]["replicas"] = [{"host": "v100-1", "gpus": [1]}]
+    new["plan"]["stages"][1]["replicas"] = [{"host": "v100-2", "gpus": [1]},
+                                            {"host": "v100-2", "gpus": [2]}]
+    assert same_plans.compare(stored, new)[0] == "mismatch"

@@ -19,6 +19,11 @@ from test_solvers import tiny_instance
 
 ray = pytest.importorskip("ray")
 
+# One test worker runs this module (pyproject's --dist loadgroup): a second local Ray
+# beside it would start its own processes on the same two cores, and each Ray test took
+# several times as long.
+pytestmark = pytest.mark.xdist_group("ray")
+
 from hetpar.solvers.ray_executor import RayExecutor  # noqa: E402
 
 

@@ -107,6 +107,70 @@ def test_invalid_plan_and_foreign_instance_are_stale(copy):
     assert stale[0].startswith("plan invalid") and "no longer generates" in stale[1]
 
 
+def _refit(gpu_type: str):
+    """The bundled constants with ``gpu_type`` given efficiencies of its own."""
+    import dataclasses
+
+    from hetpar.costmodel.constants import GpuEfficiency
+
+    consts = load_constants()
+    return dataclasses.replace(consts, gpu={**consts.gpu, gpu_type: GpuEfficiency(0.5, 0.7)})
+
+
+def test_entries_record_the_constants_their_instances_read(built):
+    refs = load_references(built)
+    suite = load_suite("tiny")
+    assert refs.per_entry_constants
+    for i, e in refs.entries.items():
+        assert e.constants_digest == reference.entry_constants_digest(suite.instance(i))
+    # Instance 0 runs on A10 and A100 GPUs, instance 1 on RTX 3090 and V100 ones.
+    assert reference.entry_constants_digest(suite.instance(0)) != \
+        reference.entry_constants_digest(suite.instance(1))
+
+
+def test_a_refit_stales_only_the_entries_of_the_gpu_types_it_touches(copy):
+    refs = load_references(copy)
+    # A type no instance uses (the H100) calibrated: nothing is stale, though the
+    # constants' digest (the header's) changed.
+    h100 = _refit("H100-SXM5-80GB")
+    assert constants_digest(h100) != refs.cost_model["constants_digest"]
+    assert check(refs, constants=h100) == []
+    # The V100 (instance 1's) refitted: instance 1 alone is stale, and --update keeps 0.
+    v100 = _refit("V100-SXM2-32GB")
+    stale = check(refs, constants=v100)
+    assert [(s.index, "other calibrated constants" in s.why) for s in stale] == [(1, True)]
+    kept = reference.drop_stale(refs, stale)
+    assert sorted(kept.entries) == [0]
+
+
+def test_a_legacy_file_gets_its_entries_digests_on_update(copy):
+    _edit(copy, lambda d: [e.pop("constants_digest") for e in d["instances"]])
+    refs = load_references(copy)
+    assert not refs.per_entry_constants
+    kept = reference.drop_stale(refs, check(refs))
+    assert kept.per_entry_constants and sorted(kept.entries) == [0, 1]
+
+
+def test_evaluate_refuses_an_entry_solved_under_other_constants(capsys, copy, tmp_path):
+    _edit(copy, lambda d: d["instances"][0].update(constants_digest="sha256:x"))
+    code, _, err = _evaluate(capsys, tmp_path, "--reference", copy)
+    assert_one_line_error(code, err, "instances[0]", "stale", "other calibrated constants",
+                          "hetpar reference check")
+
+
+def test_a_build_solves_again_only_the_entries_a_refit_staled(copy):
+    # As after a refit of instance 0's GPU types: its entry's digest and the header's
+    # are not the current ones; the build resumes the file and solves 0 alone.
+    _edit(copy, lambda d: (d["instances"][0].update(constants_digest="sha256:x"),
+                           d["cost_model"].update(constants_digest="sha256:y")))
+    report = build("tiny", 2, time_limit=LIMIT, out=copy, seeds=SEEDS)
+    assert report.solved == [0] and report.skipped == [1]
+    refs = load_references(copy)
+    assert refs.cost_model == cost_model_id() and check(refs) == []
+    assert refs.entries[0].constants_digest == reference.entry_constants_digest(
+        load_suite("tiny").instance(0))
+
+
 def test_other_cost_model_makes_the_header_stale(copy):
     stale = check(load_references(copy), cost_model={**cost_model_id(), "version": -1})
     assert [s.index for s in stale] == [None]
@@ -237,7 +301,10 @@ def _evaluate(capsys, tmp_path, *extra):
     (None, "objective", ("built for objective mean, not p90",)),
     (lambda d: d["cost_model"].update(version=0), "cost_model.version",
      ("cost-model version 0, not",)),
-    (lambda d: d["cost_model"].update(constants_digest="sha256:x"),
+    # A file whose entries do not record their constants (written before they did): the
+    # header's constants digest rules.
+    (lambda d: (d["cost_model"].update(constants_digest="sha256:x"),
+                [e.pop("constants_digest") for e in d["instances"]]),
      "cost_model.constants_digest", ("sha256:x",)),
     (lambda d: d["suite"].update(seed=8), "suite.seed", ("suite seed 8, not 7",)),
     (lambda d: d.update(samples=4), "samples", ("samples 4, not 16",)),
@@ -424,3 +491,11 @@ def test_no_shipped_baseline_in_the_golden_snapshot_beats_a_shipped_reference():
             beaten.append(f"{case['id']}: {value:.6g} < {entry.value_s:.6g}")
     assert compared >= 400  # 5 suites x 20 instances x the snapshot's 6 methods, most with plans
     assert not beaten, "; ".join(beaten)
+
+
+def test_check_update_records_the_digests_of_a_legacy_file(capsys, copy):
+    _edit(copy, lambda d: [e.pop("constants_digest") for e in d["instances"]])
+    code, out, err = run(capsys, "reference", "check", str(copy), "--update")
+    assert code == 0, err
+    assert "recorded each entry's constants digest" in out
+    assert load_references(copy).per_entry_constants

@@ -519,7 +519,7 @@ def _reference_entries(reference: Any, suite: Any, instances: Sequence[Any],
     """The reference file's entries of these instances, checked before any method runs:
     the header matches, each entry is for the instance and its plan scores as stored
     (else a ConfigError)."""
-    from hetpar.agents.reference import TIE, instance_digest
+    from hetpar.agents.reference import TIE, entry_constants_digest, instance_digest
     from hetpar.plan import Plan
 
     hint = "build a matching one with 'hetpar reference build', or pass --no-reference"
@@ -533,6 +533,10 @@ def _reference_entries(reference: Any, suite: Any, instances: Sequence[Any],
         if entry.instance_digest != instance_digest(inst):
             raise ConfigError(reference.source, where, f"{entry.name} is not this suite's "
                               f"instance {i} ({inst.name}); run 'hetpar reference check'")
+        if entry.constants_digest and entry.constants_digest != entry_constants_digest(inst):
+            raise ConfigError(reference.source, where,
+                              "stale: solved under other calibrated constants of its GPU "
+                              "types or framework; run 'hetpar reference check'")
         if entry.plan is not None:
             # A problem of its own, dropped at once: the evaluation's are made one at a
             # time, so that their cost models never all live together.

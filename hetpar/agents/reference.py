@@ -41,7 +41,8 @@ from typing import Any
 
 from hetpar.configio import Reader, bundled_dir, load_document
 from hetpar.costmodel.objective import Objective
-from hetpar.costmodel.version import cost_model_id
+from hetpar.costmodel.constants import CostConstants
+from hetpar.costmodel.version import cost_model_id, instance_constants_digest
 from hetpar.errors import ConfigError, HetparError
 from hetpar.plan import Plan
 from hetpar.problem import DEFAULT_SEED, POLICY_SAMPLES, Problem
@@ -60,6 +61,7 @@ __all__ = [
     "check",
     "default_seeds",
     "default_path",
+    "entry_constants_digest",
     "find_reference",
     "instance_digest",
     "load_references",
@@ -105,6 +107,14 @@ def _digest(data: Any) -> str:
 def instance_digest(instance: Instance) -> str:
     """A digest of the instance's documents: a file entry is for this instance only."""
     return _digest(instance.to_dict())
+
+
+def entry_constants_digest(instance: Instance, constants: CostConstants | None = None) -> str:
+    """The digest of the calibrated constants an instance's plans read (its GPU types'
+    efficiencies, its framework's constants, the shared ones): an entry solved under
+    other such constants is stale, one whose instance reads none of a change is not."""
+    return instance_constants_digest({h.gpu.name for h in instance.cluster.hosts},
+                                     instance.training.framework, constants)
 
 
 def suite_id(suite: Any) -> dict[str, Any]:
@@ -158,6 +168,9 @@ class Entry:
     exact: dict[str, Any] = field(default_factory=dict)  # value, bound, stopped, wall, error
     seeds: dict[str, float | None] = field(default_factory=dict)  # value per seed method
     attempts: int = 1  # builds that solved this instance (``build(..., retry=True)``)
+    # The constants this instance's plans read (``entry_constants_digest``) when it was
+    # solved; "" in files written before entries recorded it (the header's digest rules).
+    constants_digest: str = ""
 
     @property
     def gap(self) -> float | None:
@@ -179,14 +192,17 @@ class Entry:
                 "wall_s": round(self.wall_s, 3), "time_limit_s": self.time_limit_s,
                 "workers": self.workers, "exact": self.exact,
                 "seeds": {k: _num(v) for k, v in self.seeds.items()},
-                "attempts": self.attempts, "plan": self.plan}
+                "attempts": self.attempts,
+                **({"constants_digest": self.constants_digest}
+                   if self.constants_digest else {}),
+                "plan": self.plan}
 
     @classmethod
     def from_dict(cls, r: Reader) -> Entry:
         r.check_keys(frozenset({"index", "name", "instance_digest", "hosts", "gpus", "model",
                                 "value_s", "lower_bound_s", "gap", "optimal", "found_by",
                                 "wall_s", "time_limit_s", "workers", "exact", "seeds",
-                                "attempts", "plan"}))
+                                "attempts", "constants_digest", "plan"}))
         plan = r.raw("plan", None)
         if plan is not None and not isinstance(plan, dict):
             raise r.error("plan", f"expected a plan mapping or null, got {plan!r}")
@@ -227,7 +243,8 @@ class Entry:
                    workers=r.int("workers", 1, minimum=1), exact=dict(exact),
                    seeds={str(k): (math.inf if v is None else float(v))
                           for k, v in seeds.items()},
-                   attempts=r.int("attempts", 1, minimum=1))
+                   attempts=r.int("attempts", 1, minimum=1),
+                   constants_digest=r.str("constants_digest", ""))
 
 
 def _num(x: float | None) -> float | None:
@@ -295,6 +312,13 @@ class References:
     def proven(self) -> int:
         return sum(e.optimal for e in self.entries.values())
 
+    @property
+    def per_entry_constants(self) -> bool:
+        """Whether every entry records the constants it was solved under: the header's
+        constants digest then only says what the file was last written under, and a
+        refit stales the entries whose instances read what changed (``check``)."""
+        return all(e.constants_digest for e in self.entries.values())
+
     def mismatch(self, suite: Any, objective: str, samples: int, seed: int,
                  cost_model: dict[str, Any] | None = None) -> tuple[str, str] | None:
         """(field, why) of the first way this file differs from what it is asked to
@@ -309,7 +333,9 @@ class References:
             ("cost_model.version", "cost-model version", self.cost_model.get("version"),
              now["version"]),
             ("cost_model.constants_digest", "calibrated constants digest",
-             self.cost_model.get("constants_digest"), now["constants_digest"]),
+             self.cost_model.get("constants_digest"),
+             self.cost_model.get("constants_digest") if self.per_entry_constants
+             else now["constants_digest"]),
             ("objective", "objective", self.objective, objective),
             ("samples", "samples", self.samples, samples),
             ("seed", "bandwidth seed", self.seed, seed),
@@ -432,7 +458,8 @@ def solve_instance(problem: Problem, instance: Instance, index: int, *, time_lim
                  model=instance.model.name, plan=plan, value_s=value, lower_bound_s=lb,
                  optimal=optimal,
                  found_by=by, wall_s=time.perf_counter() - start, time_limit_s=time_limit,
-                 workers=workers, exact=exact, seeds=seed_values)
+                 workers=workers, exact=exact, seeds=seed_values,
+                 constants_digest=entry_constants_digest(instance))
 
 
 def merge(old: Entry, new: Entry) -> Entry:
@@ -501,6 +528,9 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
         refs = load_references(path)
         refs.require_match(suite, obj.name, samples, seed,
                            "remove the file, or write elsewhere with --out")
+        # Entries that record their constants are judged one by one (below): the file is
+        # now written under the current ones.
+        refs.cost_model = cost_model_id()
     else:
         if not path.parent.is_dir():
             raise ConfigError(str(path), "", "its folder does not exist")
@@ -522,6 +552,9 @@ def build(suite: Any, n: int, *, time_limit: float, workers: int = 1,
         old = refs.entries.get(i)
         if old is not None and old.instance_digest != instance_digest(inst):
             old = None  # another instance's entry: solved afresh
+        elif old is not None and old.constants_digest and \
+                old.constants_digest != entry_constants_digest(inst):
+            old = None  # solved under other constants: its bound no longer holds
         if old is not None and (old.optimal or not retry or old.plan is None):
             report.skipped.append(i)
             if log:
@@ -606,10 +639,12 @@ class Stale:
 
 
 def check(refs: References, suite: Any = None, *,
-          cost_model: dict[str, Any] | None = None) -> list[Stale]:
+          cost_model: dict[str, Any] | None = None,
+          constants: CostConstants | None = None) -> list[Stale]:
     """What in ``refs`` is stale under the current cost model and suite (empty: none).
 
-    ``suite`` defaults to the bundled suite the file names."""
+    ``suite`` defaults to the bundled suite the file names; ``constants`` to the bundled
+    calibration (an entry solved under other constants of its instance is stale)."""
     from hetpar.errors import PlanError
     from hetpar.problem.generator import load_suite
 
@@ -629,6 +664,12 @@ def check(refs: References, suite: Any = None, *,
         inst = suite.instance(i)
         if instance_digest(inst) != e.instance_digest:
             out.append(Stale(i, e.name, "the suite no longer generates this instance"))
+            continue
+        if e.constants_digest and e.constants_digest != entry_constants_digest(inst,
+                                                                               constants):
+            # Its bound was proven under other constants, whatever its plan scores now.
+            out.append(Stale(i, e.name, "solved under other calibrated constants of its "
+                                        "GPU types or framework"))
             continue
         if e.plan is None:
             continue
@@ -655,7 +696,9 @@ def _same(a: float, b: float) -> bool:
 
 def drop_stale(refs: References, stale: Sequence[Stale], suite: Any = None) -> References:
     """``refs`` with the stale entries removed and the header made current (``check
-    --update``); a stale header drops every entry."""
+    --update``); a stale header drops every entry. Entries of a file written before
+    entries recorded their constants get their digest (the header's constants being the
+    current ones, else the header is stale)."""
     if suite is None:
         from hetpar.problem.generator import load_suite
         suite = load_suite(refs.suite["name"])
@@ -663,6 +706,8 @@ def drop_stale(refs: References, stale: Sequence[Stale], suite: Any = None) -> R
         keep: dict[int, Entry] = {}
     else:
         gone = {s.index for s in stale}
-        keep = {i: e for i, e in refs.entries.items() if i not in gone}
+        keep = {i: e if e.constants_digest else dataclasses.replace(
+                    e, constants_digest=entry_constants_digest(suite.instance(i)))
+                for i, e in refs.entries.items() if i not in gone}
     return References(suite_id(suite), cost_model_id(), refs.objective, refs.samples,
                       refs.seed, keep, refs.path)

@@ -1395,6 +1395,12 @@ def _cmd_reference_check(args: argparse.Namespace, console: Console) -> int:
         if not stale:
             console.print(f"{path}: {len(refs.entries)} entries, {refs.proven} proven optimal, "
                           "all current", highlight=False, soft_wrap=True)
+            if args.update and not refs.per_entry_constants:
+                # A file written before entries recorded their constants: record them, so
+                # that a later refit stales only the entries it concerns.
+                drop_stale(refs, stale).save(path)
+                console.print("  updated: recorded each entry's constants digest",
+                              highlight=False, soft_wrap=True)
             continue
         stale_files += 1
         console.print(f"{path}: {len(stale)} stale of {len(refs.entries)} entries",

@@ -8,26 +8,49 @@ this package, and the calibrated constants they read (``configs/calibration.yaml
 the second and changes by itself when the constants are refitted. The GPU catalog's
 datasheet figures also enter a value; they are not in the digest (adding a GPU type
 would stale every file), so ``hetpar reference check`` re-scores every stored plan.
+
+``instance_constants_digest`` names only the constants one instance's plans read: the
+efficiencies its GPU types resolve to (their own, or the default an uncalibrated type
+takes), its framework's and the shared ones. A reference entry records it, so refitting
+one GPU type (or adding one) stales only the entries of instances that use it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from hetpar.costmodel.constants import CostConstants, load_constants
 
-__all__ = ["COST_MODEL_VERSION", "constants_digest", "cost_model_id"]
+__all__ = ["COST_MODEL_VERSION", "constants_digest", "cost_model_id",
+           "instance_constants_digest"]
 
 COST_MODEL_VERSION = 1
+
+
+def _digest(doc: Any) -> str:
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def constants_digest(constants: CostConstants | None = None) -> str:
     """A short digest of the calibrated constants (the bundled ones by default)."""
     consts = constants if constants is not None else load_constants()
-    text = json.dumps(consts.to_dict(), sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _digest(consts.to_dict())
+
+
+def instance_constants_digest(gpu_types: Iterable[str], framework: str,
+                              constants: CostConstants | None = None) -> str:
+    """A short digest of the constants that plans on these GPU types under this
+    framework read (the bundled constants by default)."""
+    consts = constants if constants is not None else load_constants()
+    doc = consts.to_dict()
+    gpus = doc["gpus"]
+    return _digest({"gpus": {t: gpus.get(t, gpus["default"]) for t in sorted(set(gpu_types))},
+                    "framework": doc["frameworks"].get(framework),
+                    "shared": doc["shared"]})
 
 
 def cost_model_id(constants: CostConstants | None = None) -> dict[str, Any]:

@@ -2,13 +2,18 @@
 
     python benchmarks/same_plans.py --write tests/data/golden_plans.json [--subset full|quick]
     python benchmarks/same_plans.py --check tests/data/golden_plans.json [--subset full|quick]
+    python benchmarks/same_plans.py --refresh tests/data/golden_plans.json --gpu H100-SXM5-80GB
 
 ``--write`` runs every case of the chosen subset and stores its inputs and outputs (the
 objective's value ``value_s``, ``found``, ``optimal`` for exact/brute, the plan as
 ``Plan.to_dict()`` or null, or the class name of the error the case raised). ``--check``
 re-runs the stored cases of the subset with the code importable as ``hetpar`` and prints
 every mismatch with the case id and the old and new value, then one summary line
-``same plans: N cases, M mismatches``; the exit status is 1 on any mismatch.
+``same plans: N cases, M mismatches``; the exit status is 1 on any mismatch. ``--refresh``
+re-runs only the stored cases on clusters with a GPU of type ``--gpu`` and stores their
+new outputs, the others as they were: what a calibration of that one type changes (the
+cost model, and the policy's observation through it, read a type's constants only for
+hosts of that type).
 
 Comparison: values equal to a relative 1e-9 (``inf`` equals ``inf``), ``found`` and the
 error class equal, plans equal as dicts. ``exact`` and ``brute`` are compared by value
@@ -547,12 +552,37 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="run the cases and write the snapshot")
     mode.add_argument("--check", metavar="FILE", help="re-run the snapshot's cases and compare")
+    mode.add_argument("--refresh", metavar="FILE",
+                      help="re-run the snapshot's cases on clusters with a GPU of type --gpu "
+                           "and store their new outputs, the others kept (after that type's "
+                           "calibration changed)")
     ap.add_argument("--subset", choices=("quick", "full"), default="full")
     ap.add_argument("--only", metavar="TEXT", default="",
                     help="only the cases whose id contains TEXT")
+    ap.add_argument("--gpu", metavar="TYPE", default="",
+                    help="with --refresh: the GPU type whose calibration changed")
     ap.add_argument("--verbose", "-v", action="store_true", help="one line per case")
     args = ap.parse_args(argv)
     start = time.perf_counter()
+    if args.refresh:
+        if not args.gpu:
+            ap.error("--refresh needs --gpu TYPE")
+        doc = load_golden(args.refresh)
+        picked = [i for i, c in enumerate(doc["cases"]) if args.only in c["id"]
+                  and any(h.gpu.name == args.gpu for h in _load_inputs(c["inputs"])[0].hosts)]
+        print(f"refreshing {len(picked)} of {len(doc['cases'])} cases (clusters with "
+              f"{args.gpu}) with hetpar {hetpar_version()}", flush=True)
+        records, seconds = run_cases([doc["cases"][i] for i in picked], verbose=args.verbose)
+        changed = 0
+        for i, rec in zip(picked, records):
+            changed += compare(doc["cases"][i], rec)[0] == "mismatch"
+            doc["cases"][i] = rec
+        doc["note"] = (f"{doc.get('note', '')}; the {len(picked)} cases on clusters with "
+                       f"{args.gpu} re-run at {_git_commit()[:12]} (--refresh)")
+        Path(args.refresh).write_text(dump_golden(doc), encoding="utf-8")
+        print(f"wrote {args.refresh}: {len(picked)} cases re-run, {changed} changed, in "
+              f"{time.perf_counter() - start:.1f} s ({_timings(seconds)})")
+        return 0
     if args.write:
         cases = select(build_cases(policy_settings()), args.subset)
         cases = [c for c in cases if args.only in c["id"]]

@@ -99,3 +99,18 @@ def test_a_renaming_may_reorder_replicas_and_gpu_numbers(same_plans):
     new["plan"]["stages"][1]["replicas"] = [{"host": "v100-2", "gpus": [1]},
                                             {"host": "v100-2", "gpus": [2]}]
     assert same_plans.compare(stored, new)[0] == "mismatch"
+
+
+def test_refresh_reruns_only_the_cases_on_clusters_with_the_gpu_type(same_plans, tmp_path):
+    """After one GPU type's calibration: --refresh re-runs the cases whose cluster has that
+    type and keeps the others as stored."""
+    doc = same_plans.load_golden(GOLDEN)
+    by_id = {c["id"]: c for c in doc["cases"]}
+    h100 = dict(by_id["bundled/cloud-mixed/gpt3-125m/metis"], value_s=1.0)
+    other = dict(by_id["bundled/amp-het-16/gpt2-medium/metis"], value_s=1.0)
+    path = tmp_path / "golden.json"
+    path.write_text(same_plans.dump_golden(dict(doc, cases=[h100, other])))
+    assert same_plans.main(["--refresh", str(path), "--gpu", "H100-SXM5-80GB"]) == 0
+    cases = same_plans.load_golden(path)["cases"]
+    assert cases[0]["value_s"] == by_id[h100["id"]]["value_s"]  # re-run
+    assert cases[1]["value_s"] == 1.0  # kept

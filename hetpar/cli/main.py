@@ -543,6 +543,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     from hetpar.fidelity.report import (
         ExperimentReport,
         calibration_report,
+        fitted_fsdp_report,
         heldout_fsdp_report,
         heldout_report,
         validation_report,
@@ -553,6 +554,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     reports = [validation_report(constants, exp) for exp in ("het_cluster", "homogeneous")]
     held = heldout_report(constants)
     fsdp = heldout_fsdp_report(constants)
+    fsdp_fit = fitted_fsdp_report(constants)
 
     def heldout_json(rep: ExperimentReport) -> dict[str, Any]:
         return {"name": rep.name, "mape": rep.mape, "false_infeasible": rep.false_infeasible,
@@ -569,6 +571,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                                                 "predicted_s": r.predicted_s} for r in cal.results}},
             "heldout": heldout_json(held),
             "heldout_fsdp": heldout_json(fsdp),
+            "fitted_fsdp": heldout_json(fsdp_fit),
             **{rep.name: {"spearman": rep.spearman, "kendall": rep.kendall,
                           "predicted_best": rep.predicted_best.row_id if rep.predicted_best else None,
                           "pick_slowdown": rep.pick_slowdown,
@@ -590,6 +593,9 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     console.print()
     render_heldout(console, fsdp, "MosaicML llm-foundry MPT benchmarks, PyTorch FSDP "
                                   "(full sharding, ZeRO-3), H100 and A100")
+    console.print()
+    render_heldout(console, fsdp_fit, "the same benchmarks' H100 rows, the H100's matmul "
+                                      "efficiency fitted on them", fitted=True)
     for rep in reports:
         console.print()
         render_validation(console, rep, fitted=rep.name == "homogeneous")
@@ -609,11 +615,14 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def _cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     from hetpar.fidelity.calibrate import fit_constants
 
-    with console.status("fitting constants on Megatron SC21 Table 1 and AMP homogeneous runs"):
+    with console.status("fitting constants on Megatron SC21 Table 1, AMP homogeneous runs "
+                        "and four llm-foundry H100 runs"):
         constants, fitted = fit_constants()
     header = ("# Cost-model constants fitted by `hetpar calibrate` on Megatron SC21 Table 1 and\n"
-              "# the `homogeneous` rows of the AMP GPT-2 runs (configs/reference/); the\n"
-              "# `het_cluster` rows are held out for `hetpar validate`.\n")
+              "# the `homogeneous` rows of the AMP GPT-2 runs (configs/reference/), then the\n"
+              "# H100's matmul efficiency on four of llm-foundry's MPT FSDP runs; the AMP\n"
+              "# `het_cluster` rows and the other llm-foundry rows are held out for\n"
+              "# `hetpar validate`.\n")
     text = constants.to_yaml(header)
     if args.out:
         out = Path(args.out)

@@ -2,7 +2,10 @@
 
 Fitting data: Megatron SC21 Table 1 (A100) and the ``homogeneous`` rows of the AMP
 GPT-2 runs (T4). The ``het_cluster`` rows are never read here: they are the held-out
-judge of ``hetpar validate``.
+judge of ``hetpar validate``. Then each GPU type with runs of its own beyond those
+(``GPU_PARAMETERS``: the H100, on four of llm-foundry's MPT runs) gets its matmul
+efficiency fitted on them alone, everything else held: so it moves no other constant, and
+the other rows of those benchmarks stay held out.
 
 Time constants minimise the squared log error of predicted vs measured iteration
 time (each data set weighted equally). Memory constants are then chosen on a grid: no
@@ -24,14 +27,14 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from hetpar.costmodel.constants import CostConstants, FrameworkConstants
-from hetpar.fidelity.reference import Run, amp_runs, megatron_runs
+from hetpar.fidelity.reference import Run, amp_runs, fsdp_fitted_runs, megatron_runs
 from hetpar.costmodel.estimate import CostModel
 from hetpar.fidelity.report import predict, predicted_time
 
-__all__ = ["DISCRETE_CHOICES", "Parameter", "TIME_PARAMETERS", "fit_constants", "fit_sources",
-           "calibration_runs"]
+__all__ = ["DISCRETE_CHOICES", "GPU_PARAMETERS", "Parameter", "TIME_PARAMETERS", "fit_constants",
+           "fit_sources", "calibration_runs", "gpu_calibration_runs"]
 
-A100, T4 = "A100-SXM4-80GB", "T4-16GB"
+A100, T4, H100 = "A100-SXM4-80GB", "T4-16GB", "H100-SXM5-80GB"
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ MLM, MDS = "megatron-lm", "megatron-deepspeed"
 
 _SC21 = "Megatron-LM SC21 Table 1 (10 runs on DGX A100)"
 _AMP = "AMP's homogeneous GPT-2 runs (4 hosts of 4 T4-16GB, Megatron-DeepSpeed)"
+_FOUNDRY_H100 = ("MosaicML llm-foundry's MPT runs with PyTorch FSDP on one host of 8 "
+                 "H100-SXM5-80GB (the 1B, 3B, 7B and 13B models at 4,096 tokens)")
 
 TIME_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("A100 gemm efficiency", 0.55, 0.2, 0.95, _gpu(A100, "gemm"),
@@ -102,7 +107,22 @@ TIME_PARAMETERS: tuple[Parameter, ...] = (
 )
 
 
-def fit_sources(params: Sequence[Parameter] = TIME_PARAMETERS) -> dict[str, str]:
+# Per GPU type, fitted after the rest on the runs of that type alone (``GPU_PARAMETERS``
+# and ``gpu_calibration_runs`` in the same order). The HBM efficiency is not fitted: these
+# runs are matmul-bound, and the type keeps the default's.
+GPU_PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("H100 gemm efficiency", 0.55, 0.2, 0.95, _gpu(H100, "gemm"),
+              f"gpus.{H100}.gemm_efficiency", _FOUNDRY_H100),
+)
+
+
+def gpu_calibration_runs() -> list[list[Run]]:
+    """The runs each of ``GPU_PARAMETERS`` is fitted on."""
+    return [fsdp_fitted_runs()]
+
+
+def fit_sources(params: Sequence[Parameter] = TIME_PARAMETERS + GPU_PARAMETERS
+                ) -> dict[str, str]:
     """Where each constant ``fit_constants`` writes comes from (``CostConstants.sources``):
     the fitted ones name their data, the others why they have their value. A group's entry
     covers the members without their own."""
@@ -127,6 +147,8 @@ def fit_sources(params: Sequence[Parameter] = TIME_PARAMETERS) -> dict[str, str]
                                              "writes per parameter"),
         "shared.intra_efficiency": ("not fitted: assumed fractions of the datasheet scale-up "
                                     "bandwidth"),
+        f"gpus.{H100}.hbm_efficiency": ("the default's: the runs its matmul efficiency is "
+                                        "fitted on do not determine it"),
     }
     for key in ("reserve_gib", "fragmentation", "logits_bytes_per_value", "optimizer_bytes"):
         out[f"frameworks.{MDS}.{key}"] = (
@@ -218,10 +240,13 @@ DISCRETE_CHOICES = tuple(itertools.product((False, True), (True, False)))
 def fit_constants(base: CostConstants | None = None,
                   runs: Sequence[Run] | None = None,
                   discrete: Sequence[tuple[bool, bool]] = DISCRETE_CHOICES,
+                  gpu_runs: Sequence[Sequence[Run]] | None = None,
                   ) -> tuple[CostConstants, dict[str, float]]:
-    """Fit time then memory constants; returns the constants and the fitted values.
-    ``discrete``: the (p2p copy per TP rank, tied-embedding sync) combinations of
-    Megatron-DeepSpeed to fit under (each is a fit of its own: all four by default)."""
+    """Fit time then memory constants, then each of ``GPU_PARAMETERS`` on its own runs
+    (``gpu_runs``, default ``gpu_calibration_runs()``); returns the constants and the
+    fitted values. ``discrete``: the (p2p copy per TP rank, tied-embedding sync)
+    combinations of Megatron-DeepSpeed to fit under (each is a fit of its own: all four
+    by default)."""
     base = base or CostConstants(frameworks={MLM: FrameworkConstants(),
                                              MDS: FrameworkConstants()})
     runs = list(runs) if runs is not None else calibration_runs()
@@ -272,6 +297,22 @@ def fit_constants(base: CostConstants | None = None,
         if run.training.framework == MLM:
             assert predict(run, fitted).feasible, f"{run.row_id} predicted out of memory"
     report = {p.name: float(v) for p, v in zip(params, values)}
+    # A type's own efficiency, on its own runs, after everything it shares is fitted (the
+    # default it starts from included): one constant per type, nothing else moves.
+    per_type = list(gpu_runs) if gpu_runs is not None else gpu_calibration_runs()
+    for param, type_runs in zip(GPU_PARAMETERS, per_type):
+        type_models: dict[str, CostModel] = {}
+
+        def type_residuals(z: np.ndarray, param: Parameter = param,
+                           type_runs: Sequence[Run] = type_runs,
+                           type_models: dict[str, CostModel] = type_models) -> np.ndarray:
+            return _time_residuals(param.apply(fitted, float(z[0])), type_runs, type_models)
+
+        fit = least_squares(type_residuals, np.array([param.start]),
+                            bounds=([param.low], [param.high]), diff_step=1e-3, xtol=1e-6,
+                            ftol=1e-6, max_nfev=100)
+        fitted = param.apply(fitted, float(fit.x[0]))
+        report[param.name] = float(fit.x[0])
     report[f"{MDS} reserve (GiB)"] = best[1]
     report[f"{MDS} fragmentation"] = best[2]
     report[f"{MDS} logits bytes per value"] = best[3]
@@ -279,4 +320,4 @@ def fit_constants(base: CostConstants | None = None,
     report[f"{MDS} p2p copy per tp rank"] = float(start.framework(MDS).p2p_copy_per_tp_rank)
     report[f"{MDS} tied embedding sync"] = float(start.framework(MDS).tied_embedding_sync)
     report["time fit cost"] = float(cost)
-    return replace(fitted, sources=fit_sources(params)), report
+    return replace(fitted, sources=fit_sources(params + GPU_PARAMETERS)), report

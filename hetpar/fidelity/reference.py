@@ -26,8 +26,8 @@ from hetpar.plan import Plan, Replica, Stage
 from hetpar.workload.model import ModelSpec, load_model
 from hetpar.workload.training import TrainingSpec
 
-__all__ = ["Run", "megatron_runs", "amp_runs", "korthikanti_runs", "fsdp_runs",
-           "rank_placement_plan"]
+__all__ = ["FSDP_FITTED", "Run", "megatron_runs", "amp_runs", "korthikanti_runs", "fsdp_runs",
+           "fsdp_fitted_runs", "fsdp_heldout_runs", "rank_placement_plan"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,22 @@ def korthikanti_runs() -> list[Run]:
             runs.append(Run(row["row_id"], "korthikanti", cluster, model, training, (plan,),
                             float(row["iter_time_s"])))
     return runs
+
+
+# The H100 rows its matmul efficiency is fitted on (``calibrate.fit_constants``): one model
+# size each from 1B to 13B, all at 4,096 tokens. The other rows stay held out.
+FSDP_FITTED = frozenset({"MPT-H100-1b-4k", "MPT-H100-3b-4k", "MPT-H100-7b-4k",
+                         "MPT-H100-13b-4k"})
+
+
+def fsdp_fitted_runs() -> list[Run]:
+    """The llm-foundry rows the calibration fits (``FSDP_FITTED``)."""
+    return [r for r in fsdp_runs() if r.row_id in FSDP_FITTED]
+
+
+def fsdp_heldout_runs() -> list[Run]:
+    """The llm-foundry rows never used in fitting."""
+    return [r for r in fsdp_runs() if r.row_id not in FSDP_FITTED]
 
 
 def fsdp_runs() -> list[Run]:

@@ -26,13 +26,14 @@ from hetpar.costmodel.estimate import CostModel, Estimate
 from hetpar.fidelity.reference import (
     Run,
     amp_runs,
-    fsdp_runs,
+    fsdp_fitted_runs,
+    fsdp_heldout_runs,
     korthikanti_runs,
     megatron_runs,
 )
 
 __all__ = ["RunResult", "ExperimentReport", "predict", "predicted_time", "calibration_report",
-           "validation_report", "heldout_report", "heldout_fsdp_report"]
+           "validation_report", "heldout_report", "heldout_fsdp_report", "fitted_fsdp_report"]
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,14 @@ def heldout_report(constants: CostConstants) -> ExperimentReport:
 
 
 def heldout_fsdp_report(constants: CostConstants) -> ExperimentReport:
-    """llm-foundry's MPT runs with FSDP on H100 and A100 hosts, never used in fitting
-    (``configs/reference/README.md``): ZeRO-3 plans, and the only H100 rows."""
+    """llm-foundry's MPT runs with FSDP on H100 and A100 hosts that are never used in
+    fitting (``configs/reference/README.md``): ZeRO-3 plans."""
     return ExperimentReport("llm_foundry_fsdp",
-                            tuple(predict(r, constants) for r in fsdp_runs()))
+                            tuple(predict(r, constants) for r in fsdp_heldout_runs()))
+
+
+def fitted_fsdp_report(constants: CostConstants) -> ExperimentReport:
+    """The llm-foundry rows the H100's matmul efficiency is fitted on (``FSDP_FITTED``),
+    reported apart from the held-out ones."""
+    return ExperimentReport("llm_foundry_fsdp_fitted",
+                            tuple(predict(r, constants) for r in fsdp_fitted_runs()))

@@ -102,8 +102,12 @@ class CostConstants:
     # ``to_dict``, so not in the digest a stored value records (``costmodel.version``).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
+    def gpu_key(self, gpu_name: str) -> str:
+        """The ``gpus`` entry a GPU type reads: its own, else ``default``."""
+        return gpu_name if gpu_name in self.gpu else "default"
+
     def gpu_efficiency(self, gpu_name: str) -> GpuEfficiency:
-        return self.gpu.get(gpu_name) or self.gpu["default"]
+        return self.gpu[self.gpu_key(gpu_name)]
 
     def calibrated(self, gpu_name: str) -> bool:
         """Whether the GPU type has fitted efficiencies of its own (else the default's,

@@ -47,8 +47,7 @@ def instance_constants_digest(gpu_types: Iterable[str], framework: str,
     framework read (the bundled constants by default)."""
     consts = constants if constants is not None else load_constants()
     doc = consts.to_dict()
-    gpus = doc["gpus"]
-    return _digest({"gpus": {t: gpus.get(t, gpus["default"]) for t in sorted(set(gpu_types))},
+    return _digest({"gpus": {t: doc["gpus"][consts.gpu_key(t)] for t in sorted(set(gpu_types))},
                     "framework": doc["frameworks"].get(framework),
                     "shared": doc["shared"]})
 

@@ -53,8 +53,7 @@ class Parameter:
 def _gpu(name: str, which: str, scale: float = 1.0,
          ) -> Callable[[CostConstants, float], CostConstants]:
     def apply(c: CostConstants, v: float) -> CostConstants:
-        cur = c.gpu.get(name) or c.gpu["default"]
-        new = replace(cur, **{which: v * scale})
+        new = replace(c.gpu_efficiency(name), **{which: v * scale})
         return replace(c, gpu={**c.gpu, name: new})
     return apply
 

@@ -26,7 +26,9 @@ trained on, per second of wall time, rollouts and updates included), and where t
 process's wall time went:
 
 * ``env step``: ``VecEnv.step`` (the workers' steps, their observations, resets at
-  episode ends, and the inter-process traffic);
+  episode ends, and the inter-process traffic), or with the overlapped collection
+  (``hetpar.agents.rollouts``, the default with worker processes) the waits for one group's
+  step while the trainer has nothing else to do;
 * ``env masks``: sb3-contrib's ``get_action_masks`` (one more round trip to the workers
   per step, plus whatever masks they build on request);
 * ``policy forward``: the policy's forward passes while collecting rollouts (the network,
@@ -184,16 +186,33 @@ def _instrument(clock: _Clock) -> None:
         self.policy.forward = clock.timed("policy forward", self.policy.forward)
 
     MaskablePPO._setup_model = setup_model  # type: ignore[method-assign]
-    collect = MaskablePPO.collect_rollouts
-
-    def collect_rollouts(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not clock.on and self.num_timesteps >= clock.warmup:
-            clock.on, clock.t_start = True, time.perf_counter()
-            clock.steps_start = self.num_timesteps
-        return clock.timed("rollout", collect)(self, *args, **kwargs)
-
-    MaskablePPO.collect_rollouts = collect_rollouts  # type: ignore[method-assign]
     from hetpar.agents.anchored import AnchoredMaskablePPO
+    from hetpar.agents.vecenv import GroupedVecEnv
+
+    # The overlapped collection (hetpar.agents.rollouts) waits on one group at a time:
+    # that wait is its "env step".
+    if hasattr(GroupedVecEnv, "step_group_wait"):  # a tree before it (side_by_side.py)
+        GroupedVecEnv.step_group_wait = clock.timed(  # type: ignore[method-assign]
+            "env step", GroupedVecEnv.step_group_wait)
+    # Both collections: AnchoredMaskablePPO's (which may call sb3-contrib's), timed once.
+    depth = [0]
+    for cls in (MaskablePPO, AnchoredMaskablePPO):
+        if "collect_rollouts" not in vars(cls):
+            continue
+        def collect_rollouts(self: Any, *args: Any, __collect: Any = cls.collect_rollouts,
+                             **kwargs: Any) -> Any:
+            if depth[0]:
+                return __collect(self, *args, **kwargs)
+            if not clock.on and self.num_timesteps >= clock.warmup:
+                clock.on, clock.t_start = True, time.perf_counter()
+                clock.steps_start = self.num_timesteps
+            depth[0] += 1
+            try:
+                return clock.timed("rollout", __collect)(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        cls.collect_rollouts = collect_rollouts  # type: ignore[method-assign]
 
     # Both update classes ``hetpar train`` may use (the anchored one for runs that start
     # from a policy), each timed around its own ``train``.

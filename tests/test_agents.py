@@ -356,16 +356,34 @@ def test_attention_edge_messages_equal_the_per_pair_formula(env: PlanBuilderEnv,
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_packed_host_rows_are_the_dense_network(env: PlanBuilderEnv, model: MaskablePPO) -> None:
-    """The per-host layers run on the real hosts' rows only: the outputs and gradients are
-    those of the dense pass over every padded row (float64, so that the comparison is not
-    float32's rounding of gradients that sum to zero)."""
+def test_packed_host_rows_are_the_dense_network(env: PlanBuilderEnv, model: MaskablePPO,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-host layers run on the real hosts' rows only, the pair layers on the pairs of
+    two real hosts: the outputs and gradients are those of the dense pass over every padded
+    row and pair (float64, so that the comparison is not float32's rounding of gradients
+    that sum to zero)."""
     import copy
 
     ex = copy.deepcopy(model.policy.features_extractor).double()
     batch, masks, _ = _episode_batch(env, model, 4)
     batch = {k: v.double() for k, v in batch.items()}
     assert (batch["host_mask"].sum(1) < batch["host_mask"].shape[1]).any()  # padding exists
+    # Every third row as if its cluster had one host less (the tiny suite's clusters are
+    # all of one size): rows of one batch padded to different sizes, as train-mixed's are.
+    real = batch["host_mask"] > 0.5
+    last = real.sum(1) - 1
+    for row in range(0, len(last), 3):
+        if last[row] > 0:
+            j = int(last[row])
+            batch["host_mask"][row, j] = 0.0
+            batch["hosts"][row, j] = 0.0
+            batch["pairs"][row, j, :] = 0.0
+            batch["pairs"][row, :, j] = 0.0
+    real = batch["host_mask"] > 0.5
+    n = int(real.any(0).nonzero().max()) + 1
+    assert (real[:, :n].sum(1) < n).any() and real[:, :n].all(1).any()
+    # Packing below the size where it pays off, so that this small batch is packed.
+    monkeypatch.setattr("hetpar.agents.policy._PACK_MIN_ROWS", 0)
     outs, grads = [], []
     for pack in (False, True):
         ex.pack_rows = pack

@@ -17,6 +17,11 @@ drifted. Two changes to sb3-contrib's ``MaskablePPO`` update:
   are left out, and no other parameter moves), so the advantages are measured against
   a value head fitted to the policy's own returns before the policy moves.
 
+``overlap_envs`` (default True): with the environments in worker processes by groups
+(``GroupedVecEnv``, ``RayVecEnv``), rollouts are collected by
+``hetpar.agents.rollouts.collect_overlapped``, each group's forward pass overlapping the
+other groups' steps; otherwise by sb3-contrib's loop.
+
 ``update_threads`` > 0 runs the update on that many torch threads (the rollouts keep the
 trainer's): the environment workers are idle while it runs. The anchor is frozen and the
 rollout's states do not change during an update, so its masked log-probabilities are
@@ -130,8 +135,12 @@ def kl_to(anchor_log_probs: th.Tensor, log_probs: th.Tensor) -> th.Tensor:
 class AnchoredMaskablePPO(MaskablePPO):
     """``MaskablePPO`` with a KL term to a frozen anchor policy and a value warm-up."""
 
+    # A model saved before the option existed loads with it on.
+    overlap_envs = True
+
     def __init__(self, *args: Any, anchor_coef: float = 0.0, value_warmup: int = 0,
-                 update_threads: int = 0, **kwargs: Any) -> None:
+                 update_threads: int = 0, overlap_envs: bool = True, **kwargs: Any) -> None:
+        self.overlap_envs = bool(overlap_envs)
         self.anchor_coef = float(anchor_coef)
         self.value_warmup = int(value_warmup)
         self.update_threads = int(update_threads)
@@ -173,6 +182,15 @@ class AnchoredMaskablePPO(MaskablePPO):
                 lp, _, _ = _masked_log_probs(self.anchor, data.observations, data.action_masks)
                 parts.append(lp)
         return th.cat(parts)
+
+    def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any,
+                         n_rollout_steps: int, use_masking: bool = True) -> bool:
+        from hetpar.agents.rollouts import collect_overlapped, overlappable
+
+        if self.overlap_envs and use_masking and overlappable(env):
+            return collect_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps,
+                                        use_masking)
 
     def train(self) -> None:
         threads = th.get_num_threads()

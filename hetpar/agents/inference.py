@@ -4,9 +4,10 @@ A planning rollout calls the network once per decision on a batch of one to a fe
 observations. At that size torch spends its time dispatching ~150 small operators (about
 2 ms per call on one core), not computing; the same arithmetic in numpy costs a fraction
 of that. ``NumpyLogits`` copies the weights of a ``HostAttentionExtractor`` and computes
-exactly its action logits (the value head is left out: planning does not need it). The
-tests compare it with the torch module on random and real observations; training keeps
-using the torch module.
+exactly its action logits (the value head is left out: planning does not need it;
+``forward`` also gives the latent it reads, for ``hetpar.agents.rollouts``, whose training
+rollouts call the network as often). The tests compare it with the torch module on random
+and real observations; PPO's gradient steps use the torch module.
 
 The arithmetic is rearranged where that saves whole array operations, which is what a call
 costs here: each layer norm's affine part and the attention's 1/sqrt(dk) are folded into
@@ -226,6 +227,12 @@ class NumpyLogits:
         (n_actions,)) lets the heads of the decision kinds a mask excludes be skipped for
         its observation (host choice, layer count, the three small heads); those logits
         are left at 0, for a caller that masks them."""
+        return self.forward(obs, need)[0]
+
+    def forward(self, obs: dict[str, np.ndarray], need: np.ndarray | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """(logits as ``__call__`` gives them, the pooled latent ``z`` (B, dim) the heads and
+        the extractor's value head read)."""
         hosts = np.asarray(obs["hosts"], dtype=np.float32)
         mask = np.asarray(obs["host_mask"], dtype=np.float32)
         pairs = np.asarray(obs["pairs"], dtype=np.float32)
@@ -280,7 +287,7 @@ class NumpyLogits:
             kf = self._layer_projection(gp)
             out[pick if pick is not _ALL else slice(None), layer_at:] = _run(
                 self.layer_out, kf + _dense(zp, self.layer_z)[:, None, :])[..., 0]
-        return out
+        return out, z
 
     @staticmethod
     def _block(blk: dict[str, Any], h: np.ndarray, bias: np.ndarray, edge_msg: np.ndarray,

@@ -109,16 +109,23 @@ class _AttentionBlock(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim))
 
     def forward(self, h: th.Tensor, edges: th.Tensor, key_mask: th.Tensor,
-                rows: th.Tensor | None = None) -> th.Tensor:
-        # h (B, n, d); edges (B, n, n, e); key_mask (B, n) bool, True = real host.
-        # rows: the flat indices (into B * n) of the real hosts, or None for all.
+                rows: th.Tensor | None = None, pair_rows: th.Tensor | None = None,
+                ) -> th.Tensor:
+        # h (B, n, d); edges (B, n, n, e), or with pair_rows (P, e): the pairs of real hosts
+        # only, pair_rows their flat indices into B * n * n; key_mask (B, n) bool, True =
+        # real host. rows: the flat indices (into B * n) of the real hosts, or None for all.
         b, n, d = h.shape
         x = _pack(h.reshape(b * n, d), rows)
         qkv = _unpack(self.qkv(self.norm1(x)), rows, b * n)
         q, k, v = qkv.view(b, n, 3, self.heads, self.dk).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, n, dk)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.dk)
-        scores = scores + self.edge_bias(edges).permute(0, 3, 1, 2)
+        bias = self.edge_bias(edges)
+        if pair_rows is not None:
+            # A pair with a padded host gets no bias: its score is masked out (a padded
+            # key) or its row is dropped (a padded query), as before.
+            bias = _unpack(bias, pair_rows, b * n * n).view(b, n, n, self.heads)
+        scores = scores + bias.permute(0, 3, 1, 2)
         scores = scores.masked_fill(~key_mask[:, None, None, :], -1e9)
         attn = _Softmax.apply(scores)  # (B, heads, n, n)
         msg = (attn @ v).transpose(1, 2).reshape(b, n, d)
@@ -127,7 +134,14 @@ class _AttentionBlock(nn.Module):
         # (B n e) rather than to every pair (B n n e -> B n n d): the same function, a
         # fraction of the work of a training step.
         mean_attn = attn.mean(1)  # (B, n, n)
-        pooled = (mean_attn[..., None] * edges).sum(2)  # (B, n, e)
+        if pair_rows is None:
+            pooled = (mean_attn[..., None] * edges).sum(2)  # (B, n, e)
+        else:
+            # The padded pairs' weights are 0 (masked keys) or their rows dropped: the sum
+            # over the real pairs only, into their query host's row.
+            weights = mean_attn.reshape(-1).index_select(0, pair_rows)
+            pooled = edges.new_zeros((b * n, edges.shape[-1])).index_add(
+                0, pair_rows // n, weights[:, None] * edges).view(b, n, -1)
         msg = msg + nn.functional.linear(pooled, self.edge_msg.weight) + \
             mean_attn.sum(-1, keepdim=True) * self.edge_msg.bias
         x = x + self.out(_pack(msg.reshape(b * n, d), rows))
@@ -221,11 +235,19 @@ class HostAttentionExtractor(BaseFeaturesExtractor):
         h = _unpack(self.host_in(hx), rows, b * n).view(b, n, -1) + \
             self.glob_to_host(gz)[:, None, :]
         h = h * real_n[..., None].to(h.dtype)
-        edges = self.edge(pairs[:, :n, :n])
+        # The pair layers likewise on the pairs of two real hosts (about half the pairs of
+        # a train-mixed batch).
+        pair_rows = None
+        if rows is not None:
+            pair_rows = th.nonzero((real_n[:, :, None] & real_n[:, None, :]).reshape(-1)
+                                   ).squeeze(1)
+            edges = self.edge(pairs[:, :n, :n].reshape(b * n * n, -1).index_select(0, pair_rows))
+        else:
+            edges = self.edge(pairs[:, :n, :n])
         # A row without real hosts (never produced by the env) must not give NaNs.
         key_mask = real_n | ~real_n.any(1, keepdim=True)
         for block in self.blocks:
-            h = block(h, edges, key_mask, rows)
+            h = block(h, edges, key_mask, rows, pair_rows)
         h = self.norm(h) * real_n[..., None].to(h.dtype)
         count = real_n.sum(1, keepdim=True).clamp(min=1).to(h.dtype)
         mean = h.sum(1) / count

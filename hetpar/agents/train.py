@@ -68,7 +68,7 @@ __all__ = ["TrainConfig", "load_train_config", "parse_train_config", "train", "T
            "resolve_train_config_path", "make_vec_env", "make_model"]
 
 _TOP_KEYS = frozenset({"suite", "seed", "total_timesteps", "n_envs", "torch_threads",
-                       "update_threads", "env",
+                       "update_threads", "overlap_envs", "env",
                        "ppo", "policy_kwargs", "eval", "checkpoint", "description",
                        "imitation", "finetune", "dagger"})
 _ENV_KEYS = frozenset({"max_hosts", "objective", "bandwidth", "samples", "instances",
@@ -115,6 +115,8 @@ class TrainConfig:
     dagger: dict[str, Any] | None = None  # DAgger rounds before PPO (dagger.py)
     finetune: dict[str, Any] = field(default_factory=lambda: dict(FINETUNE_DEFAULTS))
     update_threads: int = 0  # torch threads of the PPO update (0: one per core)
+    # Rollouts: a worker group's forward pass overlaps the other groups' steps (rollouts.py)
+    overlap_envs: bool = True
     name: str = "train"
     source: str = "<dict>"
     description: str = ""
@@ -122,7 +124,7 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         return {"suite": self.suite, "seed": self.seed, "total_timesteps": self.total_timesteps,
                 "n_envs": self.n_envs, "torch_threads": self.torch_threads,
-                "update_threads": self.update_threads,
+                "update_threads": self.update_threads, "overlap_envs": self.overlap_envs,
                 "env": dict(self.env), "ppo": dict(self.ppo),
                 "policy_kwargs": dict(self.policy_kwargs), "eval": dict(self.eval),
                 "checkpoint": dict(self.checkpoint), "description": self.description,
@@ -236,7 +238,8 @@ def parse_train_config(data: Any, source: str = "<dict>", *, name: str = "train"
                       torch_threads=r.int("torch_threads", 1, minimum=1,
                                           maximum=lim.MAX_THREADS),
                       update_threads=r.int("update_threads", 0, minimum=0,
-                                           maximum=lim.MAX_THREADS), env=env, ppo=ppo,
+                                           maximum=lim.MAX_THREADS),
+                      overlap_envs=r.bool("overlap_envs", True), env=env, ppo=ppo,
                       policy_kwargs=pol, eval=ev, checkpoint=ck, imitation=imitation,
                       dagger=dagger, finetune=finetune, name=name, source=source,
                       description=str(r.raw("description", "")).strip())
@@ -475,7 +478,8 @@ def _algorithm(cfg: TrainConfig) -> tuple[Any, dict[str, Any]]:
     threads = min(cfg.update_threads or cores, cores)
     return AnchoredMaskablePPO, {"anchor_coef": ft["anchor_coef"],
                                  "value_warmup": ft["value_warmup"],
-                                 "update_threads": threads}
+                                 "update_threads": threads,
+                                 "overlap_envs": cfg.overlap_envs}
 
 
 def load_start(cfg: TrainConfig, trust_pickle: bool = False) -> Any:

@@ -209,6 +209,7 @@ class GroupedVecEnv(VecEnv):
     def _start(self, n: int) -> None:
         self.waiting = False
         self.closed = False
+        self._group_pending: dict[int, Any] = {}
         self._masks: np.ndarray | None = None
         observation_space, action_space = self._collect([self._submit(0, "get_spaces", None)])[0]
         if not isinstance(observation_space, gym.spaces.Dict):
@@ -229,7 +230,15 @@ class GroupedVecEnv(VecEnv):
         return len(self._groups)
 
     # ---- stepping ------------------------------------------------------------------------
+    def _idle(self, what: str) -> None:
+        """Refuse ``what`` while a group's step is unanswered: its reply would be read
+        as the answer to ``what``."""
+        if self._group_pending:
+            raise RuntimeError(f"{type(self).__name__}: {what} while groups "
+                               f"{sorted(self._group_pending)} are stepping")
+
     def step_async(self, actions: np.ndarray) -> None:
+        self._idle("step")
         self._pending = [self._submit(w, "step", [actions[i] for i in group])
                          for w, group in enumerate(self._groups)]
         self.waiting = True
@@ -247,7 +256,34 @@ class GroupedVecEnv(VecEnv):
         self._masks = np.concatenate([r[5] for r in results])
         return obs, rewards, dones, infos
 
+    # ---- one group at a time (``hetpar.agents.rollouts``: a group steps while the
+    # trainer computes the next group's actions) ------------------------------------------
+    @property
+    def groups(self) -> list[range]:
+        """The environments each worker holds (contiguous index ranges, in order)."""
+        return list(self._groups)
+
+    def step_group_async(self, worker: int, actions: Sequence[Any]) -> None:
+        """Send the actions of ``worker``'s environments (in their order); the other
+        groups are not stepped. ``step_group_wait(worker)`` collects the answer."""
+        if self.waiting or worker in self._group_pending:
+            raise RuntimeError(f"group {worker} is already stepping")
+        self._group_pending[worker] = self._submit(worker, "step", list(actions))
+        self._masks = None
+
+    def step_group_wait(self, worker: int) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                    np.ndarray, list[dict[str, Any]],
+                                                    np.ndarray]:
+        """``worker``'s answer to ``step_group_async``: its environments' observations,
+        rewards, dones, infos and the new states' action masks, as ``step_wait`` gives
+        them for all environments."""
+        result = self._collect([self._group_pending.pop(worker)])[0]
+        group = self._groups[worker]
+        self.reset_infos[group.start:group.stop] = result[4]
+        return (result[0], np.stack(result[1]), np.stack(result[2]), result[3], result[5])
+
     def reset(self) -> VecEnvObs:
+        self._idle("reset")
         results = self._collect([
             self._submit(w, "reset", [(self._seeds[i], self._options[i]) for i in group])
             for w, group in enumerate(self._groups)])
@@ -262,6 +298,9 @@ class GroupedVecEnv(VecEnv):
             return
         if self.waiting:
             self._collect(self._pending)
+        # A group step a stopped rollout left unanswered (Ctrl-C mid-collection).
+        self._collect(list(self._group_pending.values()))
+        self._group_pending.clear()
         for remote in self.remotes:
             remote.send(("close", None))
         for process in self.processes:
@@ -280,6 +319,7 @@ class GroupedVecEnv(VecEnv):
 
     def _ask(self, cmd: str, indices: VecEnvIndices, *payload: Any) -> list[Any]:
         """One command to the workers holding ``indices``; answers in index order."""
+        self._idle(cmd)
         wanted = list(self._get_indices(indices))
         asked = self._by_worker(wanted)
         handles = [self._submit(worker, cmd, (local, *payload)) for worker, local in asked.items()]
@@ -305,6 +345,7 @@ class GroupedVecEnv(VecEnv):
         self._ask("set_attr", indices, attr_name, value)
 
     def has_attr(self, attr_name: str) -> bool:
+        self._idle("has_attr")
         return all(self._collect([self._submit(w, "has_attr", attr_name)
                                   for w in range(self.workers)]))
 
@@ -313,6 +354,7 @@ class GroupedVecEnv(VecEnv):
         return self._ask("is_wrapped", indices, wrapper_class)
 
     def get_images(self) -> Sequence[np.ndarray | None]:
+        self._idle("render")
         replies = self._collect([self._submit(w, "render", None) for w in range(self.workers)])
         return [image for reply in replies for image in reply]
 
@@ -346,6 +388,8 @@ class RayVecEnv(GroupedVecEnv):
             return
         if self.waiting:
             self._collect(self._pending)
+        self._collect(list(self._group_pending.values()))
+        self._group_pending.clear()
         self._ray.get([a.close.remote() for a in self.actors])
         for a in self.actors:
             self._ray.kill(a)

@@ -822,3 +822,91 @@ def test_a_bad_training_option_is_one_line(tmp_path, capsys, line, problem):
     code, _, err = run(capsys, "estimate", "--cluster", "amp-het-16", "--model", "gpt2-medium",
                        "--training", bad, "--plan", "configs/plans/amp-het-16-gpt2.json")
     assert_one_line_error(code, err, problem)
+
+
+def _type_cluster(gpu: str, catalog: str | None = None):  # noqa: ANN202
+    from hetpar.cluster.topology import parse_cluster
+
+    spec = {"name": "one", "hosts": [{"name": "h", "gpu": gpu, "gpus": 8, "nic_gbps": 400}],
+            "topology": {"kind": "single_switch"}}
+    if catalog:
+        spec["gpu_catalogs"] = [catalog]
+    return parse_cluster(spec, source="<one>")
+
+
+def test_an_uncalibrated_type_reads_its_architectures_calibrated_type(tmp_path, capsys):
+    """The fall-back order: a type's own entry; else the calibrated type of its architecture
+    (an H200 reads the H100's, and so does a type of a user's catalog that says hopper);
+    else the default (a V100: no calibrated Volta; a type that states no architecture).
+    Each is flagged uncalibrated, and the estimate says whose efficiencies it reads."""
+    from hetpar.costmodel import estimate
+    from hetpar.costmodel.constants import load_constants
+    from hetpar.plan import Replica, Stage
+    from hetpar.workload import load_model, load_training
+
+    c = load_constants()
+    assert c.gpu_key("H100-SXM5-80GB", "hopper") == "H100-SXM5-80GB"
+    assert c.gpu_key("H200-SXM-141GB", "hopper") == "H100-SXM5-80GB"
+    assert c.gpu_key("V100-SXM2-16GB", "volta") == "default"
+    assert c.gpu_key("H200-SXM-141GB") == "default"  # no architecture stated
+    catalog = tmp_path / "gpus.yaml"
+    catalog.write_text(
+        "gpus:\n"
+        "  H800-80GB:\n    vendor: nvidia\n    architecture: Hopper\n"
+        "    peak_tflops: {fp16: 989.4, bf16: 989.4}\n    memory_gib: 79.6\n"
+        "    hbm_GBps: 3350\n    scaleup: {kind: nvswitch, GBps: 200}\n"
+        "  X1-80GB:\n    vendor: nvidia\n"
+        "    peak_tflops: {fp16: 989.4, bf16: 989.4}\n    memory_gib: 79.6\n"
+        "    hbm_GBps: 3350\n    scaleup: {kind: nvswitch, GBps: 200}\n")
+    model, training = load_model("llama2-7b"), load_training("llama-bf16")
+    times, reads = {}, {}
+    for gpu in ("H100-SXM5-80GB", "H200-SXM-141GB", "H800-80GB", "X1-80GB"):
+        cluster = _type_cluster(gpu, str(catalog))
+        plan = Plan((Stage(32, 1, tuple(Replica(cluster.hosts[0].name, (g,))
+                                        for g in range(8))),), 8, "none", 1)
+        est = estimate(cluster, model, training, plan, samples=0)
+        times[gpu] = est.iter_time_mean
+        reads[gpu] = dict(zip(est.uncalibrated, est.uncalibrated_reads))
+    assert reads == {"H100-SXM5-80GB": {}, "H200-SXM-141GB": {"H200-SXM-141GB": "H100-SXM5-80GB"},
+                     "H800-80GB": {"H800-80GB": "H100-SXM5-80GB"}, "X1-80GB": {"X1-80GB": "default"}}
+    # The H800 is the H100 but for its scale-up link, which a pure-DP step barely uses; the
+    # default's (A100-fitted) efficiency makes the same chip about a third faster.
+    assert times["H800-80GB"] == pytest.approx(times["H100-SXM5-80GB"], rel=0.05)
+    assert times["X1-80GB"] < 0.85 * times["H800-80GB"]
+    # The H200's extra memory bandwidth only helps: never slower than the H100.
+    assert times["H200-SXM-141GB"] <= times["H100-SXM5-80GB"]
+    from hetpar.cli.render import uncalibrated_note
+
+    est = estimate(_type_cluster("H200-SXM-141GB"), model, training, plan, samples=0)
+    assert "the H100-SXM5-80GB's (the same architecture)" in uncalibrated_note(est)
+
+
+def test_an_architecture_must_name_a_calibrated_type(tmp_path):
+    from hetpar.costmodel.constants import load_constants, parse_constants
+    from hetpar.errors import ConfigError
+
+    doc = load_constants().to_document()
+    doc["architectures"] = {"hopper": "H200-SXM-141GB"}
+    with pytest.raises(ConfigError, match="architectures.hopper.*not a GPU type"):
+        parse_constants(doc, "cal.yaml")
+    doc["architectures"] = {"hopper": "default"}
+    with pytest.raises(ConfigError, match="architectures.hopper"):
+        parse_constants(doc, "cal.yaml")
+
+
+def test_an_architecture_fall_back_stales_only_the_instances_it_changes():
+    """Per-entry constants digests: adding the hopper fall-back changes the digest of an
+    instance with H200s, not that of one without (its entries stay current)."""
+    from dataclasses import replace as dc_replace
+
+    from hetpar.costmodel.constants import load_constants
+    from hetpar.costmodel.version import instance_constants_digest
+
+    c = load_constants()
+    without = dc_replace(c, architectures={})
+    for types, changes in (([("H200-SXM-141GB", "hopper"), ("A100-SXM4-80GB", "ampere")], True),
+                           ([("V100-SXM2-16GB", "volta"), ("T4-16GB", "turing"),
+                             ("A10-24GB", "ampere")], False)):
+        same = instance_constants_digest(types, "megatron-lm", c) == \
+            instance_constants_digest(types, "megatron-lm", without)
+        assert same != changes, types

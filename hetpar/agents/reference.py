@@ -113,7 +113,8 @@ def entry_constants_digest(instance: Instance, constants: CostConstants | None =
     """The digest of the calibrated constants an instance's plans read (its GPU types'
     efficiencies, its framework's constants, the shared ones): an entry solved under
     other such constants is stale, one whose instance reads none of a change is not."""
-    return instance_constants_digest({h.gpu.name for h in instance.cluster.hosts},
+    return instance_constants_digest({(h.gpu.name, h.gpu.architecture)
+                                      for h in instance.cluster.hosts},
                                      instance.training.framework, constants)
 
 

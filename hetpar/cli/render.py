@@ -46,6 +46,22 @@ def host_list(names: Sequence[str], spell_out: int = 8) -> str:
     return f"{text} ({len(names):,} hosts)"
 
 
+def uncalibrated_note(est: Estimate) -> str:
+    """Which GPU types of the plan have no fitted efficiencies of their own, and whose they
+    read instead (their architecture's calibrated type, or the default)."""
+    by_entry: dict[str, list[str]] = defaultdict(list)
+    for name, entry in zip(est.uncalibrated, est.uncalibrated_reads or
+                           ("default",) * len(est.uncalibrated)):
+        by_entry[entry].append(name)
+    parts = []
+    for entry, names in by_entry.items():
+        whose = ("the default's (fitted on A100 runs)" if entry == "default" else
+                 f"the {entry}'s (the same architecture)")
+        parts.append(f"{', '.join(names)}: no fitted efficiency of their own, so {whose} "
+                     f"with their datasheet peak and bandwidth")
+    return "; ".join(parts) + "; `hetpar profile` fits one on your hardware"
+
+
 def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: ModelSpec,
                     objective_name: str, objective_value: float) -> None:
     plan = est.plan
@@ -55,10 +71,7 @@ def render_estimate(console: Console, est: Estimate, cluster: Cluster, model: Mo
                   f"{plan.micro_batches} micro-batches, recompute {plan.recompute}, "
                   f"ZeRO-{plan.zero}{''.join(', ' + w for w in plan.option_words())}")
     if est.uncalibrated:
-        console.print(f"[yellow]uncalibrated[/] {', '.join(est.uncalibrated)}: no fitted "
-                      f"efficiency of their own, so the default's (fitted on A100 runs) "
-                      f"with their datasheet peak and bandwidth; `hetpar profile` fits one "
-                      f"on your hardware")
+        console.print(f"[yellow]uncalibrated[/] {uncalibrated_note(est)}")
 
     layout = Table(title="Plan", title_justify="left")
     for col in ("stage", "layers", "tp", "dp", "GPU type", "hosts"):

@@ -36,6 +36,10 @@ class GpuType:
     scaleup_GBps: float
     pcie_GBps: float
     aliases: tuple[str, ...] = ()
+    # The chip generation (``hopper``, ``ampere``, ...): a type without fitted efficiencies
+    # of its own reads those of its architecture's calibrated type, where the calibration
+    # names one (``CostConstants.gpu_key``). Empty: not stated.
+    architecture: str = ""
 
     def peak_flops(self, precision: str) -> float:
         """Peak dense tensor FLOP/s for a precision; ConfigError if unsupported."""
@@ -87,8 +91,8 @@ class GpuCatalog:
         return GpuCatalog({**self.types, **other.types})
 
 
-_GPU_KEYS = frozenset({"vendor", "aliases", "peak_tflops", "memory_gib", "hbm_GBps",
-                       "scaleup", "pcie_GBps", "notes", "source"})
+_GPU_KEYS = frozenset({"vendor", "architecture", "aliases", "peak_tflops", "memory_gib",
+                       "hbm_GBps", "scaleup", "pcie_GBps", "notes", "source"})
 
 
 def _parse_gpu(name: str, r: Reader) -> GpuType:
@@ -112,6 +116,7 @@ def _parse_gpu(name: str, r: Reader) -> GpuType:
         scaleup_GBps=_plausible(scaleup, "GBps", "scaleup.GBps"),
         pcie_GBps=_plausible(r, "pcie_GBps", "pcie_GBps", 16.0),
         aliases=tuple(aliases),
+        architecture=r.str("architecture", "").strip().lower(),
     )
 
 

@@ -41,10 +41,13 @@ class GpuPerf:
     # link to its host, and of host memory for its share of the CPU optimizer step.
     host_bw: float = math.inf
     cpu_optimizer_bw: float = math.inf
+    # The calibration entry its efficiencies come from (``CostConstants.gpu_key``).
+    efficiency_key: str = "default"
 
 
 def gpu_perf(host: Host, precision: str, c: CostConstants, fw: FrameworkConstants) -> GpuPerf:
-    eff = c.gpu_efficiency(host.gpu.name)
+    key = c.gpu_key(host.gpu.name, host.gpu.architecture)
+    eff = c.gpu[key]
     peak = host.gpu.peak_flops(precision)
     return GpuPerf(
         name=host.gpu.name,
@@ -56,6 +59,7 @@ def gpu_perf(host: Host, precision: str, c: CostConstants, fw: FrameworkConstant
         peak_flops=peak,
         host_bw=host.gpu.pcie_GBps * 1e9,
         cpu_optimizer_bw=HOST_OPTIMIZER_GBPS * 1e9 / max(1, host.num_gpus),
+        efficiency_key=key,
     )
 
 

@@ -97,21 +97,29 @@ class CostConstants:
         default_factory=lambda: {"nvswitch": 0.8, "nvlink": 0.8, "xgmi": 0.7, "pcie": 0.6})
     weight_bytes: float = 2.0
     grad_bytes: float = 2.0
+    # The fall-back of a GPU type without an entry of its own: architecture -> the
+    # ``gpu`` entry (a calibrated type of that architecture) it reads; others read
+    # ``default``.
+    architectures: Mapping[str, str] = field(default_factory=dict)
     # Where each constant comes from (``source_of``): dotted paths of the file's keys, a
     # group's path covering its members, mapped to a line of text. Metadata: not in
     # ``to_dict``, so not in the digest a stored value records (``costmodel.version``).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
-    def gpu_key(self, gpu_name: str) -> str:
-        """The ``gpus`` entry a GPU type reads: its own, else ``default``."""
-        return gpu_name if gpu_name in self.gpu else "default"
+    def gpu_key(self, gpu_name: str, architecture: str = "") -> str:
+        """The ``gpus`` entry a GPU type reads: its own; else that of the calibrated type
+        ``architectures`` names for its architecture (an H200 reads the H100's: the same
+        chip at the same datasheet peak); else ``default``."""
+        if gpu_name in self.gpu:
+            return gpu_name
+        return self.architectures.get(architecture, "default") if architecture else "default"
 
-    def gpu_efficiency(self, gpu_name: str) -> GpuEfficiency:
-        return self.gpu[self.gpu_key(gpu_name)]
+    def gpu_efficiency(self, gpu_name: str, architecture: str = "") -> GpuEfficiency:
+        return self.gpu[self.gpu_key(gpu_name, architecture)]
 
     def calibrated(self, gpu_name: str) -> bool:
-        """Whether the GPU type has fitted efficiencies of its own (else the default's,
-        fitted on the A100 runs: its datasheet peak and bandwidth set its speed)."""
+        """Whether the GPU type has fitted efficiencies of its own (else those ``gpu_key``
+        falls back to, with its own datasheet peak and bandwidth)."""
         return gpu_name in self.gpu
 
     def framework(self, name: str) -> FrameworkConstants:
@@ -135,6 +143,8 @@ class CostConstants:
         return {
             "gpus": {name: {"gemm_efficiency": round(e.gemm, 6), "hbm_efficiency": round(e.hbm, 6)}
                      for name, e in self.gpu.items()},
+            # Only where there is one: constants without it keep the digest they had.
+            **({"architectures": dict(self.architectures)} if self.architectures else {}),
             "frameworks": frameworks,
             "shared": {
                 "elementwise_traffic": round(self.elementwise_traffic, 4),
@@ -183,7 +193,7 @@ def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
 
 def parse_constants(data: Any, source: str) -> CostConstants:
     root = Reader.of(data, source)
-    root.check_keys(frozenset({"gpus", "frameworks", "shared", "sources"}))
+    root.check_keys(frozenset({"gpus", "architectures", "frameworks", "shared", "sources"}))
     gpus: dict[str, GpuEfficiency] = {}
     g = root.sub("gpus")
     for name in g.data:
@@ -193,6 +203,15 @@ def parse_constants(data: Any, source: str) -> CostConstants:
                                         e.number("hbm_efficiency", positive=True, maximum=1.0))
     if "default" not in gpus:
         raise g.error("default", "is required (efficiency of GPUs without their own entry)")
+    architectures: dict[str, str] = {}
+    if "architectures" in root.data:
+        arch = root.sub("architectures")
+        for name in arch.data:
+            target = arch.str(str(name))
+            if target not in gpus or target == "default":
+                raise arch.error(str(name), f"names {target!r}, which is not a GPU type of "
+                                            f"gpus: (known: {', '.join(k for k in gpus if k != 'default')})")
+            architectures[str(name).strip().lower()] = target
     frameworks: dict[str, FrameworkConstants] = {}
     fws = root.sub("frameworks")
     for name in fws.data:
@@ -219,6 +238,7 @@ def parse_constants(data: Any, source: str) -> CostConstants:
     intra.check_keys(frozenset(SCALEUP_KINDS))
     constants = CostConstants(
         gpu=gpus,
+        architectures=architectures,
         frameworks=frameworks,
         elementwise_traffic=shared.number("elementwise_traffic", nonnegative=True,
                                           maximum=_SHARED_MAX["elementwise_traffic"]),

@@ -125,8 +125,11 @@ class Estimate:
     model_flops_per_iter: float
     peak_flops: float
     samples: int = field(default=0)
-    # GPU types of the plan without fitted efficiencies of their own (the default's).
+    # GPU types of the plan without fitted efficiencies of their own, and the calibration
+    # entry each reads instead (``CostConstants.gpu_key``: its architecture's, or
+    # ``default``).
     uncalibrated: tuple[str, ...] = field(default=())
+    uncalibrated_reads: tuple[str, ...] = field(default=())
 
     @property
     def iter_time_mean(self) -> float:
@@ -181,6 +184,7 @@ class Estimate:
             "mfu": self.mfu,
             "breakdown_s": dict(self.breakdown),
             "uncalibrated_gpus": list(self.uncalibrated),
+            "uncalibrated_reads": dict(zip(self.uncalibrated, self.uncalibrated_reads)),
             "stages": [s.to_dict() for s in self.stages],
             "memory": [{"stage": m.stage, "host": m.host, "gpus": list(m.gpus),
                         "gpu_type": m.gpu_type, "used_gib": m.used_bytes / GIB,
@@ -847,13 +851,15 @@ class CostModel:
         tokens = self.training.global_batch * self.seq_len
         peak = sum(perf.peak_flops * st.tp
                    for st, perfs in zip(plan.stages, core.perfs) for perf in perfs)
-        uncalibrated = tuple(sorted({perf.name for perfs in core.perfs for perf in perfs
-                                     if not self.constants.calibrated(perf.name)}))
+        reads = {perf.name: perf.efficiency_key for perfs in core.perfs for perf in perfs
+                 if not self.constants.calibrated(perf.name)}
+        uncalibrated = tuple(sorted(reads))
         return Estimate(plan=plan, iter_time=np.broadcast_to(total, (self.num_samples,)).copy(),
                         feasible=not overflow, stages=tuple(stages), memory=tuple(memories),
                         breakdown=breakdown, overflow=overflow, tokens_per_iter=tokens,
                         model_flops_per_iter=self.model_flops_per_iter, peak_flops=peak,
-                        samples=self.num_samples, uncalibrated=uncalibrated)
+                        samples=self.num_samples, uncalibrated=uncalibrated,
+                        uncalibrated_reads=tuple(reads[t] for t in uncalibrated))
 
 
 # Relative slack of ``score_splits``' cutoff: its bound takes other paths through the same

@@ -10,8 +10,9 @@ datasheet figures also enter a value; they are not in the digest (adding a GPU t
 would stale every file), so ``hetpar reference check`` re-scores every stored plan.
 
 ``instance_constants_digest`` names only the constants one instance's plans read: the
-efficiencies its GPU types resolve to (their own, or the default an uncalibrated type
-takes), its framework's and the shared ones. A reference entry records it, so refitting
+efficiencies its GPU types resolve to (their own, or what an uncalibrated type falls
+back to: its architecture's calibrated type, else the default), its framework's and the
+shared ones. A reference entry records it, so refitting
 one GPU type (or adding one) stales only the entries of instances that use it.
 """
 
@@ -41,13 +42,15 @@ def constants_digest(constants: CostConstants | None = None) -> str:
     return _digest(consts.to_dict())
 
 
-def instance_constants_digest(gpu_types: Iterable[str], framework: str,
+def instance_constants_digest(gpu_types: Iterable[str | tuple[str, str]], framework: str,
                               constants: CostConstants | None = None) -> str:
     """A short digest of the constants that plans on these GPU types under this
-    framework read (the bundled constants by default)."""
+    framework read (the bundled constants by default). A type is its name or (name,
+    architecture): the architecture decides which entry an uncalibrated type reads."""
     consts = constants if constants is not None else load_constants()
     doc = consts.to_dict()
-    return _digest({"gpus": {t: doc["gpus"][consts.gpu_key(t)] for t in sorted(set(gpu_types))},
+    arch = dict(t if isinstance(t, tuple) else (t, "") for t in gpu_types)
+    return _digest({"gpus": {t: doc["gpus"][consts.gpu_key(t, arch[t])] for t in sorted(arch)},
                     "framework": doc["frameworks"].get(framework),
                     "shared": doc["shared"]})
 

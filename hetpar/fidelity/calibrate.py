@@ -120,6 +120,11 @@ def gpu_calibration_runs() -> list[list[Run]]:
     return [fsdp_fitted_runs()]
 
 
+# The fall-back of a GPU type without fitted efficiencies of its own
+# (``CostConstants.architectures``): its architecture's calibrated type. Chosen, not fitted.
+ARCHITECTURES = {"hopper": H100, "ampere": A100}
+
+
 def fit_sources(params: Sequence[Parameter] = TIME_PARAMETERS + GPU_PARAMETERS
                 ) -> dict[str, str]:
     """Where each constant ``fit_constants`` writes comes from (``CostConstants.sources``):
@@ -127,9 +132,18 @@ def fit_sources(params: Sequence[Parameter] = TIME_PARAMETERS + GPU_PARAMETERS
     covers the members without their own."""
     out = {
         "gpus": "not fitted: the starting value, which the calibration data do not determine",
-        "gpus.default": (f"the {A100} entry, copied: a GPU type without an entry of its own "
-                         "takes these efficiencies with its own datasheet peak and memory "
-                         "bandwidth, and every estimate names it uncalibrated"),
+        "gpus.default": (f"the {A100} entry, copied: a GPU type without an entry of its own, "
+                         "whose architecture architectures: does not name, takes these "
+                         "efficiencies with its own datasheet peak and memory bandwidth, and "
+                         "every estimate names it uncalibrated"),
+        "architectures": ("the fall-back of a GPU type without an entry of its own "
+                          "(configs/gpus.yaml architecture:): the calibrated type of the same "
+                          "chip generation, whose efficiencies it takes with its own datasheet "
+                          "peak and memory bandwidth (an H200 is the H100's GH100 chip at the "
+                          "same peak with more memory bandwidth); every estimate names it "
+                          "uncalibrated. Not for turing: the T4's efficiencies reflect its "
+                          "70 W power limit, not its architecture. Volta, Ada and AMD types "
+                          "have no calibrated type and take the default"),
         "frameworks": ("not fitted: hetpar's defaults (FrameworkConstants), which the "
                        "calibration data do not determine"),
         f"frameworks.{MLM}.p2p_copy_per_tp_rank": ("known: Megatron-LM splits a pipeline "
@@ -319,4 +333,6 @@ def fit_constants(base: CostConstants | None = None,
     report[f"{MDS} p2p copy per tp rank"] = float(start.framework(MDS).p2p_copy_per_tp_rank)
     report[f"{MDS} tied embedding sync"] = float(start.framework(MDS).tied_embedding_sync)
     report["time fit cost"] = float(cost)
+    fitted = replace(fitted, architectures={a: t for a, t in ARCHITECTURES.items()
+                                            if t in fitted.gpu})
     return replace(fitted, sources=fit_sources(params + GPU_PARAMETERS)), report

@@ -10,10 +10,11 @@ objective's value ``value_s``, ``found``, ``optimal`` for exact/brute, the plan 
 re-runs the stored cases of the subset with the code importable as ``hetpar`` and prints
 every mismatch with the case id and the old and new value, then one summary line
 ``same plans: N cases, M mismatches``; the exit status is 1 on any mismatch. ``--refresh``
-re-runs only the stored cases on clusters with a GPU of type ``--gpu`` and stores their
-new outputs, the others as they were: what a calibration of that one type changes (the
-cost model, and the policy's observation through it, read a type's constants only for
-hosts of that type).
+re-runs only the stored cases on clusters with a GPU that reads the constants of type
+``--gpu`` (that type, or an uncalibrated one whose architecture falls back to it) and
+stores their new outputs, the others as they were: what a calibration of that one type
+changes (the cost model, and the policy's observation through it, read a type's
+constants only for the hosts that read them).
 
 Comparison: values equal to a relative 1e-9 (``inf`` equals ``inf``), ``found`` and the
 error class equal, plans equal as dicts. ``exact`` and ``brute`` are compared by value
@@ -568,8 +569,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.gpu:
             ap.error("--refresh needs --gpu TYPE")
         doc = load_golden(args.refresh)
+        from hetpar.costmodel.constants import load_constants
+
+        # The hosts that read that type's constants: its own, and those of uncalibrated
+        # types whose architecture falls back to it (CostConstants.gpu_key).
+        constants = load_constants()
         picked = [i for i, c in enumerate(doc["cases"]) if args.only in c["id"]
-                  and any(h.gpu.name == args.gpu for h in _load_inputs(c["inputs"])[0].hosts)]
+                  and any(args.gpu in (h.gpu.name, constants.gpu_key(h.gpu.name,
+                                                                     h.gpu.architecture))
+                          for h in _load_inputs(c["inputs"])[0].hosts)]
         print(f"refreshing {len(picked)} of {len(doc['cases'])} cases (clusters with "
               f"{args.gpu}) with hetpar {hetpar_version()}", flush=True)
         records, seconds = run_cases([doc["cases"][i] for i in picked], verbose=args.verbose)

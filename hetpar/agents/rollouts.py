@@ -15,8 +15,9 @@ rewards at truncations, the same last values. What differs is the order in which
 policy's samples are drawn from torch's random stream (group by group instead of all
 environments at once), so a run is as reproducible under its seed as before but not
 the same run as sb3-contrib's loop. Callbacks see each vector step as sb3-contrib shows
-it (``dones``, ``infos``, ``rewards``, ``new_obs``, ``actions``, ``values``,
-``log_probs``), while the first groups' next steps are already under way: a callback must
+it (``dones``, ``infos``, ``rewards``, ``actions``, ``values``, ``log_probs``; not
+``new_obs``, which no hetpar callback reads and which would cost a copy of every
+observation each step), while the first groups' next steps are already under way: a callback must
 not ask the environments anything in ``on_step`` (``GroupedVecEnv`` refuses such a
 request); at rollout start and end nothing is under way.
 """
@@ -31,6 +32,8 @@ from sb3_contrib.common.maskable.utils import get_action_masks
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import obs_as_tensor
 
+from hetpar.agents.anchored import _HUGE_NEG
+
 __all__ = ["collect_overlapped", "overlappable"]
 
 
@@ -42,8 +45,6 @@ def overlappable(env: Any) -> bool:
     return isinstance(env, GroupedVecEnv) and env.workers >= 2
 
 
-# sb3-contrib's value for a masked logit (MaskableCategorical).
-_HUGE_NEG = np.float32(-1e8)
 
 
 class _NumpyActor:
@@ -81,7 +82,7 @@ class _NumpyActor:
                  ) -> tuple[np.ndarray, th.Tensor, th.Tensor]:
         allowed = np.asarray(masks, dtype=bool)
         logits, z = self.logits.forward(obs, allowed)
-        logits = np.where(allowed, logits, _HUGE_NEG)
+        logits = np.where(allowed, logits, np.float32(_HUGE_NEG))
         top = logits.max(1, keepdims=True)
         log_probs = logits - (top + np.log(np.exp(logits - top).sum(1, keepdims=True)))
         probs = th.from_numpy(np.exp(log_probs))
@@ -128,11 +129,10 @@ def collect_overlapped(model: Any, env: Any, callback: BaseCallback, rollout_buf
         return obs[w], actions, values, log_probs, masks[w], starts[w]
 
     taken = [act(w) for w in range(len(groups))]
-    stepped: list[tuple[Any, ...]] = []
     dones = np.zeros(env.num_envs, dtype=bool)
     n_steps = 0
     while n_steps < n_rollout_steps:
-        stepped = []
+        stepped: list[tuple[Any, ...]] = []
         for w in range(len(groups)):
             new_obs, rewards, group_dones, infos, new_masks = env.step_group_wait(w)
             _bootstrap_truncated(model, rewards, group_dones, infos)
@@ -146,7 +146,8 @@ def collect_overlapped(model: Any, env: Any, callback: BaseCallback, rollout_buf
         dones, infos = record["dones"], record["infos"]
         callback.update_locals(record)
         if not callback.on_step():
-            _drain(env, groups, taken, obs, masks, starts, n_steps + 1 < n_rollout_steps)
+            if n_steps + 1 < n_rollout_steps:
+                _drain(env, obs, masks, starts)
             model._last_obs = {k: np.concatenate([o[k] for o in obs]) for k in obs[0]}
             model._last_episode_starts = np.concatenate(starts)
             return False
@@ -190,19 +191,15 @@ def _join(stepped: list[tuple[Any, ...]]) -> dict[str, Any]:
         "log_probs": th.cat([t[3] for t in taken]),
         "action_masks": np.concatenate([t[4] for t in taken]),
         "episode_starts": np.concatenate([t[5] for t in taken]),
-        "new_obs": {k: np.concatenate([s[1][k] for s in stepped]) for k in stepped[0][1]},
         "rewards": np.concatenate([s[2] for s in stepped]),
         "dones": np.concatenate([s[3] for s in stepped]),
         "infos": [info for s in stepped for info in s[4]],
     }
 
 
-def _drain(env: Any, groups: list[range], taken: list[Any], obs: list[Any],
-           masks: list[Any], starts: list[Any], pending: bool) -> None:
+def _drain(env: Any, obs: list[Any], masks: list[Any], starts: list[Any]) -> None:
     """Collect the steps already sent when a callback stops the rollout, so the workers
     and ``model._last_obs`` agree (those transitions are not trained on)."""
-    if not pending:
-        return
-    for w in range(len(groups)):
+    for w in range(len(obs)):
         new_obs, _, group_dones, _, new_masks = env.step_group_wait(w)
         obs[w], masks[w], starts[w] = new_obs, new_masks, group_dones

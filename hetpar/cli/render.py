@@ -50,8 +50,7 @@ def uncalibrated_note(est: Estimate) -> str:
     """Which GPU types of the plan have no fitted efficiencies of their own, and whose they
     read instead (their architecture's calibrated type, or the default)."""
     by_entry: dict[str, list[str]] = defaultdict(list)
-    for name, entry in zip(est.uncalibrated, est.uncalibrated_reads or
-                           ("default",) * len(est.uncalibrated)):
+    for name, entry in zip(est.uncalibrated, est.uncalibrated_reads):
         by_entry[entry].append(name)
     parts = []
     for entry, names in by_entry.items():

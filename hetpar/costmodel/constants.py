@@ -112,15 +112,10 @@ class CostConstants:
         chip at the same datasheet peak); else ``default``."""
         if gpu_name in self.gpu:
             return gpu_name
-        return self.architectures.get(architecture, "default") if architecture else "default"
+        return self.architectures.get(architecture, "default")
 
     def gpu_efficiency(self, gpu_name: str, architecture: str = "") -> GpuEfficiency:
         return self.gpu[self.gpu_key(gpu_name, architecture)]
-
-    def calibrated(self, gpu_name: str) -> bool:
-        """Whether the GPU type has fitted efficiencies of its own (else those ``gpu_key``
-        falls back to, with its own datasheet peak and bandwidth)."""
-        return gpu_name in self.gpu
 
     def framework(self, name: str) -> FrameworkConstants:
         fw = self.frameworks.get(name)

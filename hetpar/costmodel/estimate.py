@@ -852,7 +852,7 @@ class CostModel:
         peak = sum(perf.peak_flops * st.tp
                    for st, perfs in zip(plan.stages, core.perfs) for perf in perfs)
         reads = {perf.name: perf.efficiency_key for perfs in core.perfs for perf in perfs
-                 if not self.constants.calibrated(perf.name)}
+                 if perf.efficiency_key != perf.name}
         uncalibrated = tuple(sorted(reads))
         return Estimate(plan=plan, iter_time=np.broadcast_to(total, (self.num_samples,)).copy(),
                         feasible=not overflow, stages=tuple(stages), memory=tuple(memories),
